@@ -1,0 +1,32 @@
+# One entry point for a fresh machine: every target builds .venv first if it is missing.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+FAIRSEQ := fairseq-fixed==0.12.3.1
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# torch, numpy and cython go in first so fairseq-fixed builds (no build isolation) against them
+# instead of fetching a second torch; fairseq-fixed's own deps are pinned in requirements.txt.
+$(STAMP): requirements.txt setup.py
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip setuptools wheel
+	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q --no-deps --no-build-isolation $(FAIRSEQ)
+	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python scripts/demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_ops_cpu.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
