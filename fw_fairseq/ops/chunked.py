@@ -1,0 +1,98 @@
+"""Chunkwise-parallel causal fast weights in pure PyTorch (the CPU path and the GPU fallback).
+
+The sequence is cut into N chunks of C positions; within a chunk everything is dense matmuls,
+across chunks only the state S [E, M] is carried. Derivations: fw_fairseq/ops/README.md.
+Autograd keeps one state per chunk, never one per position, so backward memory is
+O(N E M + T (E + M + C)) per head instead of O(T E M).
+
+Shapes: q, k [B, H, T, E]; v [B, H, T, M]; beta [B, H, T]; state [B, H, E, M]. T need not be a
+multiple of C: the tail is zero-padded (zero k and beta write nothing; zero q reads nothing).
+fp16/bf16 inputs are computed and accumulated in float32; the output is cast back to the input
+dtype and the state stays float32.
+"""
+import torch
+import torch.nn.functional as F
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def state_dtype(dtype):
+    """dtype of the fast weight state (and of the accumulation) for inputs of `dtype`."""
+    return torch.float32 if dtype in _HALF_DTYPES else dtype
+
+
+def _to_chunks(x, chunk_size):
+    """[B, H, T, D] -> [B, H, N, C, D], zero-padding T up to N*C (also [B, H, T] -> [B, H, N, C])."""
+    T = x.shape[2]
+    pad = (-T) % chunk_size
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+    return x.reshape(*x.shape[:2], -1, chunk_size, *x.shape[3:])
+
+
+def _from_chunks(x, T):
+    """[B, H, N, C, M] -> [B, H, T, M] (drops the padded tail)."""
+    return x.reshape(*x.shape[:2], -1, x.shape[-1])[:, :, :T]
+
+
+def _initial(k, v, initial_state, dtype):
+    if initial_state is None:
+        return k.new_zeros(k.shape[0], k.shape[1], k.shape[-1], v.shape[-1], dtype=dtype)  # [B, H, E, M]
+    return initial_state.to(dtype)
+
+
+def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_size=64):
+    """Causal sum rule, fully parallel over chunks. Returns (o [B, H, T, M], state or None).
+
+    o_chunk = Q S_before + tril(Q K^T) V, where S_before is the exclusive prefix sum of K_n^T V_n.
+    """
+    out_dtype, T = q.dtype, q.shape[2]
+    dtype = state_dtype(out_dtype)
+    S0 = _initial(k, v, initial_state, dtype)  # [B, H, E, M]
+    C = min(chunk_size, T)  # a short sequence (decoding: T = 1) is one small chunk, not padding
+    Q, K, V = (_to_chunks(x.to(dtype), C) for x in (q, k, v))  # [B, H, N, C, E|M]
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # [C, C], s <= t
+    scores = (Q @ K.transpose(-1, -2)).masked_fill(~causal, 0.0)  # [B, H, N, C, C]
+    kv = K.transpose(-1, -2) @ V  # [B, H, N, E, M], what chunk n writes
+    inclusive = kv.cumsum(dim=2)  # [B, H, N, E, M], written by chunks <= n
+    # exclusive prefix by shifting (not inclusive - kv, which would cancel catastrophically)
+    before = S0[:, :, None] + F.pad(inclusive[:, :, :-1], (0, 0, 0, 0, 1, 0))  # [B, H, N, E, M]
+    o = Q @ before + scores @ V  # [B, H, N, C, M]
+    o = _from_chunks(o, T).to(out_dtype)  # [B, H, T, M]
+    return o, (S0 + inclusive[:, :, -1] if output_final_state else None)
+
+
+def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, chunk_size=64):
+    """Causal delta rule in the chunkwise WY/UT form (Yang et al., 2024). Returns (o or None, state or None).
+
+    Per chunk, with S the state before it:
+        A = I + tril(diag(beta) K K^T, -1);  T = A^{-1} diag(beta);  W = T K;  U = T V
+        u = U - W S;  o = Q S + tril(Q K^T) u;  S <- S + K^T u
+    A, W, U and tril(Q K^T) depend on no state and are computed for all chunks at once; only the
+    three state matmuls run in the loop over chunks. q may be None (a pure write, as in
+    fast_weight_write): then no output is computed and o is None.
+    """
+    out_dtype, T = v.dtype if q is None else q.dtype, k.shape[2]
+    dtype = state_dtype(out_dtype)
+    C = min(chunk_size, T)
+    K, V = _to_chunks(k.to(dtype), C), _to_chunks(v.to(dtype), C)  # [B, H, N, C, E], [B, H, N, C, M]
+    Bt = _to_chunks(beta.to(dtype), C)[..., None]  # [B, H, N, C, 1]
+    strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # [C, C], s < t
+    A = (Bt * (K @ K.transpose(-1, -2))).masked_fill(~strict, 0.0)  # [B, H, N, C, C], strictly lower
+    A = A + torch.eye(C, dtype=dtype, device=k.device)
+    # W = A^{-1} (beta K), U = A^{-1} (beta V): one unit-lower-triangular solve instead of forming T.
+    WU = torch.linalg.solve_triangular(A, Bt * torch.cat([K, V], dim=-1), upper=False, unitriangular=True)
+    W, U = WU.split([K.shape[-1], V.shape[-1]], dim=-1)  # [B, H, N, C, E], [B, H, N, C, M]
+    if q is not None:
+        Q = _to_chunks(q.to(dtype), C)  # [B, H, N, C, E]
+        inclusive = strict | torch.eye(C, dtype=torch.bool, device=k.device)  # [C, C], s <= t
+        scores = (Q @ K.transpose(-1, -2)).masked_fill(~inclusive, 0.0)  # [B, H, N, C, C]
+    S = _initial(k, v, initial_state, dtype)  # [B, H, E, M]
+    outputs = []
+    for n in range(K.shape[2]):
+        u = U[:, :, n] - W[:, :, n] @ S  # [B, H, C, M], the effective per-position writes
+        if q is not None:
+            outputs.append(Q[:, :, n] @ S + scores[:, :, n] @ u)  # [B, H, C, M]
+        S = S + K[:, :, n].transpose(-1, -2) @ u  # [B, H, E, M]
+    o = None if q is None else _from_chunks(torch.stack(outputs, dim=2), T).to(out_dtype)  # [B, H, T, M]
+    return o, (S if output_final_state else None)

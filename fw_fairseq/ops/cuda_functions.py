@@ -1,0 +1,70 @@
+"""autograd wrappers around the compiled CUDA kernels in `fw_fairseq._cuda` (built from cuda/).
+
+The extension's functions are autograd-free; its contract (cuda/ implements it):
+    sum_forward(q, k, v, state0)                       -> (o, final_state)      state0 not modified
+    sum_backward(q, k, v, state0, do, dfinal)          -> (dq, dk, dv, dstate0)
+    delta_forward(q, k, v, beta, state0)               -> (o, final_state)      state0 not modified
+    delta_backward(q, k, v, beta, state0, do, dfinal)  -> (dq, dk, dv, dbeta, dstate0)
+    sum_step(q, k, v, state) -> o;  delta_step(q, k, v, beta, state) -> o    (T = 1, state updated in place)
+Inputs are contiguous CUDA tensors: q, k [B, H, T, E], v [B, H, T, M], beta [B, H, T] in one dtype
+(fp16/bf16/fp32), state [B, H, E, M] in float32 for fp16/bf16 and in the input dtype otherwise.
+Which calls land here is decided only by fast_weight._cuda_kernel; this file does not choose.
+"""
+import torch
+
+
+class SumFunction(torch.autograd.Function):
+    """(q, k, v, state0) -> (o [B, H, T, M], final_state [B, H, E, M]); the backward re-runs the
+    kernel's own recomputation from state0, so only the inputs are saved."""
+
+    @staticmethod
+    def forward(ctx, ext, q, k, v, state0):
+        o, final_state = ext.sum_forward(q, k, v, state0)
+        ctx.ext = ext
+        ctx.save_for_backward(q, k, v, state0)
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        # autograd materialises an unused output's gradient as zeros, so neither is None here
+        q, k, v, state0 = ctx.saved_tensors
+        dq, dk, dv, dstate0 = ctx.ext.sum_backward(q, k, v, state0, do.contiguous(), dfinal.contiguous())
+        return None, dq, dk, dv, dstate0
+
+
+class DeltaFunction(torch.autograd.Function):
+    """(q, k, v, beta, state0) -> (o [B, H, T, M], final_state [B, H, E, M])."""
+
+    @staticmethod
+    def forward(ctx, ext, q, k, v, beta, state0):
+        o, final_state = ext.delta_forward(q, k, v, beta, state0)
+        ctx.ext = ext
+        ctx.save_for_backward(q, k, v, beta, state0)
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        q, k, v, beta, state0 = ctx.saved_tensors
+        grads = ctx.ext.delta_backward(q, k, v, beta, state0, do.contiguous(), dfinal.contiguous())
+        return (None, *grads)
+
+
+def cuda_sum(ext, q, k, v, state0):
+    """Sum rule through the kernel; a single step without autograd uses the in-place step kernel
+    on a copy of state0 (the caller's state is never modified)."""
+    if q.shape[2] == 1 and not (torch.is_grad_enabled() and _any_requires_grad(q, k, v, state0)):
+        state = state0.clone()
+        return ext.sum_step(q, k, v, state), state
+    return SumFunction.apply(ext, q, k, v, state0)
+
+
+def cuda_delta(ext, q, k, v, beta, state0):
+    """Delta rule through the kernel (see cuda_sum for the single-step case)."""
+    if q.shape[2] == 1 and not (torch.is_grad_enabled() and _any_requires_grad(q, k, v, beta, state0)):
+        state = state0.clone()
+        return ext.delta_step(q, k, v, beta, state), state
+    return DeltaFunction.apply(ext, q, k, v, beta, state0)
+
+
+def _any_requires_grad(*tensors):
+    return any(t.requires_grad for t in tensors)

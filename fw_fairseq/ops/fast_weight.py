@@ -1,0 +1,172 @@
+"""Public fast weight ops and the one dispatch point (CUDA kernel or chunked PyTorch).
+
+Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta [B, H, T];
+state [B, H, E, M] (keys x values). No scaling or normalisation happens here: the attention module
+divides by z . phi(q) (sum rule) or sum-normalises phi (delta rule) itself.
+
+dtypes: any float dtype. Mixed inputs (e.g. float32 FAVOR+ features with fp16 values) are promoted
+to their common dtype; the output is in that dtype. The state is float32 for fp16/bf16 and in the
+input dtype for float32/float64; a given initial_state is cast to it.
+"""
+import logging
+
+import torch
+
+from .chunked import chunked_delta, chunked_sum, state_dtype
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_KERNEL_MAX_E, _KERNEL_MAX_M = 512, 129
+_extension = None  # fw_fairseq._cuda once imported, False if it cannot be imported
+_fallbacks_logged = set()
+
+
+def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
+    """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
+    q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, None, initial_state)
+    ext = _cuda_kernel(q, v)
+    if ext is None:
+        return chunked_sum(q, k, v, state0, output_final_state)
+    from .cuda_functions import cuda_sum
+
+    o, state = cuda_sum(ext, q, k, v, _kernel_state(q, k, v, state0))
+    return o, (state if output_final_state else None)
+
+
+def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=False):
+    """Causal delta rule: W_t = W_{t-1} + beta_t k_t (v_t - W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
+
+    Returns (o [B, H, T, M], state [B, H, E, M] or None).
+    """
+    q, k, v, beta, state0 = _check_causal("fast_weight_delta", q, k, v, beta, initial_state)
+    ext = _cuda_kernel(q, v)
+    if ext is None:
+        return chunked_delta(q, k, v, beta, state0, output_final_state)
+    from .cuda_functions import cuda_delta
+
+    o, state = cuda_delta(ext, q, k, v, beta, _kernel_state(q, k, v, state0))
+    return o, (state if output_final_state else None)
+
+
+def fast_weight_write(k, v, beta=None):
+    """Non-causal memory of all T positions: sum_t k_t v_t^T (beta None), or the state after the delta
+    writes t = 1..T in order (the causal delta rule's final state). Returns state [B, H, E, M]."""
+    _, k, v, beta, _ = _check_causal("fast_weight_write", k, k, v, beta, None, names=("k", "k", "v"))
+    if beta is None:
+        return torch.einsum("bhte,bhtm->bhem", k.to(state_dtype(k.dtype)), v.to(state_dtype(k.dtype)))
+    ext = _cuda_kernel(k, v)
+    if ext is None:
+        return chunked_delta(None, k, v, beta, None, output_final_state=True)[1]
+    from .cuda_functions import cuda_delta
+
+    # the kernel always reads; reading with q = k is the cheapest valid query
+    return cuda_delta(ext, k, k, v, beta, _kernel_state(k, k, v, None))[1]
+
+
+def fast_weight_read(q, state):
+    """o = q @ state: q [B, H, Tq, E], state [B, H, E, M] -> o [B, H, Tq, M], computed in the state's
+    dtype (float32 for a half-precision query) and returned in q's dtype."""
+    _check_tensor("fast_weight_read", "q", q, 4, "[B, H, Tq, E]")
+    _check_tensor("fast_weight_read", "state", state, 4, "[B, H, E, M]")
+    B, H, _, E = q.shape
+    if state.shape[:3] != (B, H, E):
+        raise ValueError(
+            f"fast_weight_read: state has shape {tuple(state.shape)}, expected [B, H, E, M] = [{B}, {H}, {E}, M] from q"
+        )
+    _check_device("fast_weight_read", q.device, "q", state=state)
+    return torch.einsum("bhte,bhem->bhtm", q.to(state.dtype), state).to(q.dtype)
+
+
+def _cuda_kernel(q, v):
+    """The single dispatch decision: the compiled extension if it can run these inputs, else None
+    (chunked path). Falling back on a CUDA tensor is logged once per reason."""
+    global _extension
+    if not q.is_cuda:
+        return None
+    if _extension is None:
+        try:
+            from fw_fairseq import _cuda
+
+            _extension = _cuda
+        except (ImportError, OSError) as err:
+            _extension = False
+            _log_fallback(f"the CUDA extension fw_fairseq._cuda is not available ({err})")
+    E, M = q.shape[-1], v.shape[-1]
+    if _extension is False:
+        reason = "the CUDA extension fw_fairseq._cuda is not available"
+    elif q.dtype not in _KERNEL_DTYPES:
+        reason = f"dtype {q.dtype} is not one of the kernel's fp16/bf16/fp32"
+    elif E > _KERNEL_MAX_E or M > _KERNEL_MAX_M:
+        reason = f"E={E}, M={M} exceed the kernel's E <= {_KERNEL_MAX_E}, M <= {_KERNEL_MAX_M}"
+    else:
+        return _extension
+    _log_fallback(reason)
+    return None
+
+
+def _log_fallback(reason):
+    if reason not in _fallbacks_logged:
+        _fallbacks_logged.add(reason)
+        logger.warning("fast weights on CUDA use the chunked PyTorch path: %s", reason)
+
+
+def _kernel_state(q, k, v, state0):
+    """Contiguous initial state in the kernel's state dtype (zeros if none given)."""
+    if state0 is None:
+        B, H, _, E = k.shape
+        return torch.zeros(B, H, E, v.shape[-1], dtype=state_dtype(q.dtype), device=q.device)
+    return state0.to(state_dtype(q.dtype)).contiguous()
+
+
+def _check_causal(fn, q, k, v, beta, initial_state, names=("q", "k", "v")):
+    """Validate, promote q, k, v (and beta) to one float dtype and make them contiguous."""
+    for name, x, shape in zip(names, (q, k, v), ("[B, H, T, E]", "[B, H, T, E]", "[B, H, T, M]")):
+        _check_tensor(fn, name, x, 4, shape)
+    B, H, T, E = q.shape
+    if T < 1:
+        raise ValueError(f"{fn}: {names[0]} has T={T} positions; T must be >= 1")
+    if k.shape != q.shape:
+        raise ValueError(f"{fn}: {names[1]} has shape {tuple(k.shape)}, expected {names[0]}'s {tuple(q.shape)}")
+    if v.shape[:3] != (B, H, T):
+        raise ValueError(f"{fn}: v has shape {tuple(v.shape)}, expected [B, H, T, M] = [{B}, {H}, {T}, M]")
+    tensors = {"k": k, "v": v}
+    if beta is not None:
+        _check_tensor(fn, "beta", beta, 3, "[B, H, T]")
+        if beta.shape != (B, H, T):
+            raise ValueError(f"{fn}: beta has shape {tuple(beta.shape)}, expected [B, H, T] = [{B}, {H}, {T}]")
+        tensors["beta"] = beta
+    if initial_state is not None:
+        _check_tensor(fn, "initial_state", initial_state, 4, "[B, H, E, M]")
+        M = v.shape[-1]
+        if initial_state.shape != (B, H, E, M):
+            raise ValueError(
+                f"{fn}: initial_state has shape {tuple(initial_state.shape)}, "
+                f"expected [B, H, E, M] = [{B}, {H}, {E}, {M}]"
+            )
+        tensors["initial_state"] = initial_state
+    _check_device(fn, q.device, names[0], **tensors)
+    dtype = q.dtype
+    for x in (k, v) if beta is None else (k, v, beta):
+        dtype = torch.promote_types(dtype, x.dtype)
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    beta = None if beta is None else beta.to(dtype).contiguous()
+    return q, k, v, beta, initial_state
+
+
+def _check_tensor(fn, name, x, rank, shape):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{fn}: {name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)} (rank {x.dim()}), expected rank {rank}: {shape}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{fn}: {name} has dtype {x.dtype}; allowed: float16, bfloat16, float32, float64")
+
+
+def _check_device(fn, device, first, **tensors):
+    for name, x in tensors.items():
+        if x.device != device:
+            raise ValueError(
+                f"{fn}: {name} is on {x.device} but {first} is on {device}; all inputs must share a device"
+            )

@@ -1,0 +1,114 @@
+"""Feature maps phi: R^d -> R^E_{>=0} that linearise attention (paper §5), and sum normalisation.
+
+All maps act on the last dimension and keep every leading dimension, e.g. [B, H, T, d] -> [B, H, T, E].
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def elu_plus_one(x):
+    """Linear Transformer map (Katharopoulos et al., 2020): phi(x) = elu(x) + 1 > 0, E = d."""
+    return F.elu(x) + 1.0
+
+
+def dpfp(x, nu):
+    """Deterministic parameter-free projection DPFP-nu (paper Eq. 37, Appendix C), E = 2 d nu.
+
+    r = [relu(x), relu(-x)] (2d wide); phi = concat_{i=1..nu} r * roll(r, i).
+    nu must be an int in 1..2d-1: roll by 0 or by 2d would square r instead of pairing distinct
+    partial functions, and the paper's capacity argument needs distinct pairs.
+    """
+    two_d = 2 * x.shape[-1]
+    if isinstance(nu, bool) or not isinstance(nu, int) or not 1 <= nu <= two_d - 1:
+        raise ValueError(
+            f"dpfp: nu={nu!r} is not allowed; nu must be an int in 1..{two_d - 1} (2*d-1 for d={two_d // 2})"
+        )
+    r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # [..., 2d]
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)  # [..., 2d*nu]
+
+
+def sum_normalize(x, eps=1e-6):
+    """phi'(x) = phi(x) / sum(phi(x)) over the last dim (paper §4.2), for non-negative x.
+
+    The denominator is clamped from below at eps (not eps added): the result is exactly
+    normalised whenever the sum exceeds eps, and an all-zero row (a padded position) gives 0,
+    never NaN, with a finite gradient.
+    """
+    return x / x.sum(dim=-1, keepdim=True).clamp_min(eps)
+
+
+def _orthogonal_gaussian(rows, cols, device, dtype):
+    """[rows, cols] block-orthogonal Gaussian matrix as in the Performer (Choromanski et al., 2021).
+
+    Each block of `cols` rows is the orthonormal Q of a Gaussian matrix; row norms are then
+    replaced by norms of independent Gaussian vectors so that each row is marginally N(0, I)
+    (unbiased softmax-kernel estimate) while rows within a block stay orthogonal (lower variance).
+    """
+    blocks = []
+    for start in range(0, rows, cols):
+        gaussian = torch.randn(cols, cols, device=device, dtype=torch.float32)
+        q, _ = torch.linalg.qr(gaussian)  # [cols, cols], orthonormal columns
+        blocks.append(q.T[: rows - start])  # orthonormal rows
+    directions = torch.cat(blocks, dim=0)  # [rows, cols]
+    norms = torch.randn(rows, cols, device=device, dtype=torch.float32).norm(dim=1, keepdim=True)  # [rows, 1]
+    return (norms * directions).to(dtype)
+
+
+class FavorPlus(nn.Module):
+    """FAVOR+ positive random features (Performer), E = 2m, approximating exp(q.k / sqrt(d)).
+
+    phi(x) = [exp(R x' - |x'|^2/2), exp(-R x' - |x'|^2/2)] / sqrt(2m) with x' = x d^-1/4, so that
+    E_R[phi(q) . phi(k)] = exp(q'.k') = exp(q.k / sqrt(d)) (the hyperbolic, +/-, estimator).
+
+    Redraw policy: `forward` never redraws. Queries and keys of one layer must see the same R within
+    one forward (otherwise phi(q).phi(k) estimates nothing), so the owning attention module calls
+    `redraw()` once per training forward, before mapping q and k; in eval R stays fixed. R is a
+    persistent buffer `projection` [m, head_dim] so a checkpoint reproduces decoding.
+
+    dtype: computed in float32 for fp16/bf16 inputs (exp overflows fp16) and returned as float32;
+    float32/float64 inputs are computed and returned in their own dtype.
+    """
+
+    def __init__(self, head_dim, num_features):
+        super().__init__()
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"FavorPlus: head_dim={head_dim!r} is not allowed; it must be an int >= 1")
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"FavorPlus: num_features={num_features!r} is not allowed; it must be an int >= 1")
+        self.head_dim = head_dim
+        self.num_features = num_features
+        self.register_buffer("projection", _orthogonal_gaussian(num_features, head_dim, None, torch.float32))
+
+    def extra_repr(self):
+        return f"head_dim={self.head_dim}, num_features={self.num_features}"
+
+    @torch.no_grad()
+    def redraw(self):
+        """Draw a fresh R in place (same device and dtype as the current buffer)."""
+        p = self.projection
+        p.copy_(_orthogonal_gaussian(self.num_features, self.head_dim, p.device, p.dtype))
+
+    def forward(self, x, is_query):
+        """x: [..., head_dim] -> phi(x): [..., 2m]; `is_query` picks the stabilisation (see below)."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"FavorPlus: x has last dim {x.shape[-1]}, expected head_dim={self.head_dim}")
+        dtype = torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
+        x = x.to(dtype) * self.head_dim ** -0.25  # [..., d]
+        u = x @ self.projection.to(dtype).T  # [..., m]
+        half_sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # [..., 1]
+        exponents = torch.cat([u - half_sq_norm, -u - half_sq_norm], dim=-1)  # [..., 2m]
+        if is_query:
+            # A per-query factor exp(-c) cancels exactly downstream: the sum rule divides by
+            # z . phi(q) and the delta rule sum-normalises phi(q). Subtracting the row max keeps
+            # exp <= 1 however large |q| is.
+            exponents = exponents - exponents.amax(dim=-1, keepdim=True)
+        # Keys get no per-row shift: a per-key factor would reweight that key's value in the sum
+        # and change the function. They are bounded anyway: r.x - |x|^2/2 = |r|^2/2 - |x - r|^2/2
+        # <= |r_i|^2/2 for every row r_i of R (and likewise for -r_i). |r_i|^2 ~ chi^2(d), about d,
+        # so the exponent stays near d/2 = 32 for d = 64, far below float32's exp limit (~88).
+        return torch.exp(exponents) / math.sqrt(2 * self.num_features)
