@@ -1,1 +1,30 @@
-"""fw_fairseq: fast weight programmers as a fairseq plugin (--user-dir fw_fairseq)."""
+"""fw_fairseq: fast weight programmers as a fairseq plugin.
+
+`fairseq-train --user-dir fw_fairseq --arch transformer_fw_big ...` imports this package, which
+registers the `transformer_fw` model and its architectures with fairseq.
+"""
+import argparse
+
+import torch
+
+
+def _allow_fairseq_checkpoints():
+    """Let torch >= 2.6 (weights_only=True by default) load fairseq checkpoints.
+
+    fairseq stores the training arguments as an `argparse.Namespace` inside every checkpoint;
+    without this, `fairseq-generate --path`, `fairseq-interactive` and resuming from
+    `checkpoint_last.pt` fail with "Unsupported global: argparse.Namespace".
+    """
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:
+        add_safe_globals([argparse.Namespace])
+
+
+_allow_fairseq_checkpoints()
+
+try:
+    import fairseq  # noqa: F401
+except ImportError:  # the ops (fw_fairseq.ops) are usable without fairseq
+    pass
+else:
+    from fw_fairseq import models  # noqa: F401  (registers transformer_fw*)

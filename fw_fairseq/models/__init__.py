@@ -1,0 +1,2 @@
+"""fairseq models of the plugin; importing registers them."""
+from fw_fairseq.models import transformer_fw  # noqa: F401

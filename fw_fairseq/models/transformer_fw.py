@@ -1,0 +1,126 @@
+"""The `transformer_fw` model: fairseq's Transformer with fast-weight attention.
+
+Only fairseq's `build_*` hooks are overridden (the linformer plugin's pattern): layers are the
+stock ones except that their attention comes from `FastWeightAttention` where `--fw-attention`
+says so. Architectures set defaults with getattr and then call the stock architecture.
+"""
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (TransformerDecoder, TransformerEncoder, TransformerModel,
+                                        base_architecture, transformer_vaswani_wmt_en_de_big)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
+                                               TransformerEncoderLayerBase)
+
+from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
+from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
+                                                   set_fast_weight_defaults)
+
+
+def _wrap_like_fairseq(layer, cfg):
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's build_*_layer do."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class FastWeightEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, fw: FastWeightConfig, return_fc=False):
+        self.fw = fw  # read by build_self_attention, which the base __init__ calls
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        if not self.fw.uses("encoder"):
+            return super().build_self_attention(embed_dim, cfg)
+        return FastWeightAttention(embed_dim, cfg.encoder.attention_heads, self.fw, causal=False)
+
+
+class FastWeightDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, fw: FastWeightConfig, no_encoder_attn=False):
+        self.fw = fw
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if not self.fw.uses("decoder"):
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("fast-weight decoder self-attention does not support "
+                             "--cross-self-attention, bias_kv or zero_attn")
+        return FastWeightAttention(embed_dim, cfg.decoder.attention_heads, self.fw, causal=True)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        if not self.fw.uses("cross"):
+            return super().build_encoder_attention(embed_dim, cfg)
+        return FastWeightAttention(embed_dim, cfg.decoder.attention_heads, self.fw, causal=False,
+                                   kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+                                   encoder_decoder_attention=True)
+
+
+# fairseq's TransformerConfig.from_namespace copies unknown args (our fw_*) onto the config as plain
+# attributes, so the layer builders can read the fast-weight options from the config they get.
+class FastWeightTransformerEncoder(TransformerEncoder):
+    def build_encoder_layer(self, cfg):
+        layer = FastWeightEncoderLayer(cfg, FastWeightConfig.from_args(cfg),
+                                       return_fc=self.return_fc)
+        return _wrap_like_fairseq(layer, cfg)
+
+
+class FastWeightTransformerDecoder(TransformerDecoder):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = FastWeightDecoderLayer(cfg, FastWeightConfig.from_args(cfg),
+                                       no_encoder_attn=no_encoder_attn)
+        return _wrap_like_fairseq(layer, cfg)
+
+
+@register_model("transformer_fw")
+class FastWeightTransformerModel(TransformerModel):
+    """Transformer whose attention layers are fast weight programmers (Schlag et al., 2021)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_fast_weight_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        transformer_fw(args)  # fill options missing from older checkpoints
+        FastWeightConfig.from_args(args)  # reject bad values before any layer is built
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return FastWeightTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return FastWeightTransformerDecoder(cfg, tgt_dict, embed_tokens,
+                                            no_encoder_attn=cfg.no_cross_attention)
+
+
+@register_model_architecture("transformer_fw", "transformer_fw")
+def transformer_fw(args):
+    """Transformer base (512 dim, 8 heads: d_key = 64) with fast weights everywhere."""
+    set_fast_weight_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_fw", "transformer_fw_big")
+def transformer_fw_big(args):
+    """The paper's MT model: Vaswani et al.'s big Transformer (1024 dim, 16 heads: d_key = 64)."""
+    set_fast_weight_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_fw", "transformer_fw_small")
+def transformer_fw_small(args):
+    """For CPU experiments: 3+3 layers, 256 dim, 4 heads (d_key = 64), FFN 1024."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 3)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 256)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 3)
+    transformer_fw(args)

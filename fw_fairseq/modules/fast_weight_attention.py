@@ -1,0 +1,188 @@
+"""FastWeightAttention: a drop-in for fairseq's MultiheadAttention built on fw_fairseq.ops.
+
+One module serves the three places of a Transformer:
+- encoder self-attention (non-causal): every position reads the memory written by all positions;
+- decoder self-attention (causal): position t reads W_t, the memory after writes 1..t;
+- encoder-decoder attention (non-causal): decoder queries read the memory written by the source,
+  which is built once per sentence and cached in `incremental_state` during generation.
+
+Update rules (DESIGN.md §1):
+- sum:   W += phi(k) v^T, y = W^T phi(q) / (z . phi(q) + eps). The denominator rides along as an
+         extra value column of ones, so z lives in the state's last column ([B, H, E, D+1]) and the
+         ops never see a normalisation.
+- delta: phi' = phi / sum(phi) for keys and queries, beta = sigmoid(w_beta^T x) per head, and the
+         delta-rule ops; no denominator.
+Padding: phi(k) and beta are zeroed at padded positions after the feature map (phi(0) != 0).
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fairseq.incremental_decoding_utils import with_incremental_state
+
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
+from fw_fairseq.ops import (FavorPlus, dpfp, elu_plus_one, fast_weight_delta, fast_weight_read,
+                            fast_weight_sum, fast_weight_write, sum_normalize)
+
+# Added to z . phi(q) so a query whose features miss every key (DPFP is sparse) reads zero.
+DENOMINATOR_EPS = 1e-6
+
+
+@with_incremental_state
+class FastWeightAttention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, config: FastWeightConfig, causal: bool,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 encoder_decoder_attention: bool = False):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.kdim = kdim or embed_dim
+        self.vdim = vdim or embed_dim
+        self.causal = causal
+        self.encoder_decoder_attention = encoder_decoder_attention
+        self.feature_map = config.feature_map
+        self.update_rule = config.update_rule
+
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(self.kdim, embed_dim)
+        self.v_proj = nn.Linear(self.vdim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # beta is the write strength of each written position, so it reads the key-side input.
+        self.beta_proj = nn.Linear(self.kdim, num_heads) if self.update_rule == "delta" else None
+
+        if self.feature_map == "dpfp":
+            max_nu = 2 * self.head_dim - 1
+            if not 1 <= config.dpfp_nu <= max_nu:
+                raise ValueError(f"--fw-dpfp-nu got {config.dpfp_nu}; allowed: 1..{max_nu} "
+                                 f"(2*d_key-1 with d_key={self.head_dim})")
+            self.dpfp_nu = config.dpfp_nu
+        self.favor = (FavorPlus(self.head_dim, config.favor_features)
+                      if self.feature_map == "favor" else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # fairseq MultiheadAttention's initialisation, so `--fw-attention none` vs fast weights
+        # compares attention types and not initialisations.
+        gain = 2 ** -0.5 if self.kdim == self.vdim == self.embed_dim else 1.0
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=gain)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    # ---------------------------------------------------------------- pieces
+
+    def _split_heads(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        length, bsz, _ = x.shape
+        # [T, B, C] -> [T, B, H, D] -> [B, H, T, D]
+        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3).to(dtype)
+
+    def _phi(self, x: Tensor, is_query: bool) -> Tensor:
+        """[B, H, T, D] -> [B, H, T, E] (sum-normalised under the delta rule)."""
+        if self.feature_map == "elu":
+            phi = elu_plus_one(x)
+        elif self.feature_map == "dpfp":
+            phi = dpfp(x, self.dpfp_nu)
+        else:
+            phi = self.favor(x, is_query=is_query)
+        return sum_normalize(phi) if self.update_rule == "delta" else phi
+
+    def _writes(self, x: Tensor, key_padding_mask: Optional[Tensor], dtype: torch.dtype
+                ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """What each position of `x` [S, B, C] writes: phi(k) [B,H,S,E], values, beta [B,H,S]."""
+        phi_k = self._phi(self._split_heads(self.k_proj(x), dtype), is_query=False)
+        v = self._split_heads(self.v_proj(x), dtype)  # [B, H, S, D]
+        beta = None
+        if self.update_rule == "delta":
+            beta = torch.sigmoid(self.beta_proj(x).to(dtype)).permute(1, 2, 0)  # [B, H, S]
+        else:
+            v = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)  # [B, H, S, D+1]
+        if key_padding_mask is not None:
+            keep = (~key_padding_mask.bool()).to(dtype)  # [B, S]
+            phi_k = phi_k * keep[:, None, :, None]
+            if beta is not None:
+                beta = beta * keep[:, None, :]
+        return phi_k, v, beta
+
+    def _memory(self, x: Tensor, key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+        """Non-causal memory of every position of `x`: [B, H, E, D(+1)]."""
+        phi_k, v, beta = self._writes(x, key_padding_mask, dtype)
+        return fast_weight_write(phi_k, v, beta)
+
+    def _merge(self, o: Tensor, out_dtype: torch.dtype) -> Tensor:
+        """[B, H, T, D(+1)] read-out -> [T, B, C] after the denominator and out_proj."""
+        if self.update_rule == "sum":
+            o = o[..., :-1] / (o[..., -1:] + DENOMINATOR_EPS)  # y = W^T phi(q) / (z . phi(q) + eps)
+        bsz, _, length, _ = o.shape
+        o = o.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)  # [T, B, C]
+        return self.out_proj(o.to(out_dtype))
+
+    # ---------------------------------------------------------------- fairseq interface
+
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = True, static_kv: bool = False,
+                attn_mask: Optional[Tensor] = None, before_softmax: bool = False,
+                need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """query [T, B, C], key/value [S, B, C] -> ([T, B, C], None).
+
+        Fast weights have no attention matrix, so no weights are returned even when asked for:
+        fairseq's decoder asks for them at its alignment layer on every call and copes with None
+        (`--print-alignment` needs softmax cross-attention: leave 'cross' out of --fw-attention).
+        """
+        if before_softmax:
+            raise ValueError("fast-weight attention has no pre-softmax scores (before_softmax=True)")
+        if attn_mask is not None and not self.causal:
+            raise ValueError("fast-weight attention cannot honour a custom attn_mask in "
+                             "non-causal attention")
+        if key is not None and value is not None and key is not value:
+            raise ValueError("FastWeightAttention expects key and value to be the same tensor")
+        # Feature maps and the state in fp32 under --fp16/--amp: exp() in FAVOR+ overflows fp16.
+        dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+        if self.training and self.favor is not None:
+            self.favor.redraw()  # once per forward, shared by this layer's queries and keys
+        phi_q = self._phi(self._split_heads(self.q_proj(query), dtype), is_query=True)
+
+        buffer = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if self.encoder_decoder_attention or not self.causal:
+            memory = buffer.get("memory") if buffer is not None else None
+            if memory is None:
+                memory = self._memory(key, key_padding_mask, dtype)
+            if buffer is not None and self.encoder_decoder_attention:
+                buffer["memory"] = memory  # the source is fixed: build its memory once
+                self._set_input_buffer(incremental_state, buffer)
+            return self._merge(fast_weight_read(phi_q, memory), query.dtype), None
+
+        phi_k, v, beta = self._writes(key, key_padding_mask, dtype)
+        state = buffer.get("state") if buffer is not None else None
+        keep_state = buffer is not None
+        if self.update_rule == "sum":
+            o, state = fast_weight_sum(phi_q, phi_k, v, state, output_final_state=keep_state)
+        else:
+            o, state = fast_weight_delta(phi_q, phi_k, v, beta, state, output_final_state=keep_state)
+        if buffer is not None:
+            buffer["state"] = state  # [B, H, E, D(+1)]: fixed size, whatever the output length
+            self._set_input_buffer(incremental_state, buffer)
+        return self._merge(o, query.dtype), None
+
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                                  new_order: Tensor):
+        """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor."""
+        buffer = self._get_input_buffer(incremental_state)
+        if buffer:
+            for name, tensor in buffer.items():
+                if tensor is not None:
+                    buffer[name] = tensor.index_select(0, new_order)
+            self._set_input_buffer(incremental_state, buffer)
+
+    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "fw_state")
+        return result if result is not None else {}
+
+    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "fw_state", buffer)

@@ -1,0 +1,106 @@
+"""The fast-weight options of one model, parsed and validated once from fairseq's args."""
+import argparse
+from dataclasses import dataclass
+from typing import FrozenSet
+
+FEATURE_MAPS = ("elu", "dpfp", "favor")
+UPDATE_RULES = ("sum", "delta")
+PLACES = ("encoder", "decoder", "cross")
+
+
+def parse_places(text: str) -> str:
+    """Validate an `--fw-attention` value; return it canonical ("encoder,decoder,cross" order).
+
+    Kept a plain string so checkpoints (which pickle the args) stay loadable with
+    torch.load(weights_only=True). Raises argparse.ArgumentTypeError so that fairseq's parser
+    prints the flag and the allowed values.
+    """
+    text = text.strip()
+    if text == "none":
+        return "none"
+    if text == "all":
+        return ",".join(PLACES)
+    places = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in places if p not in PLACES]
+    if unknown or not places:
+        raise argparse.ArgumentTypeError(
+            f"--fw-attention got {text!r}; allowed: 'none', 'all' or a comma-separated "
+            f"subset of {','.join(PLACES)}"
+        )
+    return ",".join(p for p in PLACES if p in places)
+
+
+def places_set(text: str) -> FrozenSet[str]:
+    canonical = parse_places(text)
+    return frozenset() if canonical == "none" else frozenset(canonical.split(","))
+
+
+def positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: an integer >= 1")
+        return value
+
+    return parse
+
+
+def add_fast_weight_args(parser):
+    """The `--fw-*` flags; fairseq shows them in the model's group of --help.
+
+    fairseq hands add_args an argument group already; nesting another one is deprecated.
+    """
+    group = parser
+    group.add_argument("--fw-feature-map", choices=FEATURE_MAPS,
+                       help="feature map phi: elu (ELU+1, linear Transformer), dpfp "
+                            "(DPFP-nu, d_dot = 2*d_key*nu) or favor (FAVOR+, d_dot = 2m)")
+    group.add_argument("--fw-update-rule", choices=UPDATE_RULES,
+                       help="sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
+                            "delta: the paper's delta rule with learned beta and sum-normalised phi")
+    group.add_argument("--fw-dpfp-nu", type=positive_int("--fw-dpfp-nu"), metavar="NU",
+                       help="DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)")
+    group.add_argument("--fw-favor-features", type=positive_int("--fw-favor-features"),
+                       metavar="M", help="FAVOR+ random features m (d_dot = 2m)")
+    group.add_argument("--fw-attention", type=parse_places, metavar="LIST",
+                       help="which attention blocks use fast weights: 'all', 'none' (the standard "
+                            "Transformer) or a comma-separated subset of encoder,decoder,cross; "
+                            "the others stay softmax attention")
+
+
+def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
+                             favor_features=128, places="all"):
+    """Architecture defaults; command-line values win (fairseq's getattr convention)."""
+    args.fw_feature_map = getattr(args, "fw_feature_map", None) or feature_map
+    args.fw_update_rule = getattr(args, "fw_update_rule", None) or update_rule
+    args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or dpfp_nu
+    args.fw_favor_features = getattr(args, "fw_favor_features", None) or favor_features
+    if getattr(args, "fw_attention", None) is None:
+        args.fw_attention = parse_places(places)
+
+
+@dataclass(frozen=True)
+class FastWeightConfig:
+    feature_map: str
+    update_rule: str
+    dpfp_nu: int
+    favor_features: int
+    places: FrozenSet[str]
+
+    @classmethod
+    def from_args(cls, args) -> "FastWeightConfig":
+        config = cls(args.fw_feature_map, args.fw_update_rule, int(args.fw_dpfp_nu),
+                     int(args.fw_favor_features), places_set(args.fw_attention))
+        config.check()
+        return config
+
+    def check(self):
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"--fw-feature-map got {self.feature_map!r}; allowed: {FEATURE_MAPS}")
+        if self.update_rule not in UPDATE_RULES:
+            raise ValueError(f"--fw-update-rule got {self.update_rule!r}; allowed: {UPDATE_RULES}")
+
+    def uses(self, place: str) -> bool:
+        return place in self.places
