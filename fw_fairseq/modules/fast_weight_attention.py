@@ -91,14 +91,20 @@ class FastWeightAttention(nn.Module):
             phi = self.favor(x, is_query=is_query)
         return sum_normalize(phi) if self.update_rule == "delta" else phi
 
-    def _writes(self, x: Tensor, key_padding_mask: Optional[Tensor], dtype: torch.dtype
+    def _project_writes(self, x: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Projections of the written positions `x` [S, B, C]; they run under autocast."""
+        beta_logits = self.beta_proj(x) if self.beta_proj is not None else None
+        return self.k_proj(x), self.v_proj(x), beta_logits
+
+    def _writes(self, k: Tensor, v: Tensor, beta_logits: Optional[Tensor],
+                key_padding_mask: Optional[Tensor], dtype: torch.dtype
                 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-        """What each position of `x` [S, B, C] writes: phi(k) [B,H,S,E], values, beta [B,H,S]."""
-        phi_k = self._phi(self._split_heads(self.k_proj(x), dtype), is_query=False)
-        v = self._split_heads(self.v_proj(x), dtype)  # [B, H, S, D]
+        """What each position writes: phi(k) [B,H,S,E], values [B,H,S,D(+1)], beta [B,H,S]."""
+        phi_k = self._phi(self._split_heads(k, dtype), is_query=False)
+        v = self._split_heads(v, dtype)  # [B, H, S, D]
         beta = None
-        if self.update_rule == "delta":
-            beta = torch.sigmoid(self.beta_proj(x).to(dtype)).permute(1, 2, 0)  # [B, H, S]
+        if beta_logits is not None:
+            beta = torch.sigmoid(beta_logits.to(dtype)).permute(1, 2, 0)  # [S, B, H] -> [B, H, S]
         else:
             v = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)  # [B, H, S, D+1]
         if key_padding_mask is not None:
@@ -108,18 +114,12 @@ class FastWeightAttention(nn.Module):
                 beta = beta * keep[:, None, :]
         return phi_k, v, beta
 
-    def _memory(self, x: Tensor, key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-        """Non-causal memory of every position of `x`: [B, H, E, D(+1)]."""
-        phi_k, v, beta = self._writes(x, key_padding_mask, dtype)
-        return fast_weight_write(phi_k, v, beta)
-
-    def _merge(self, o: Tensor, out_dtype: torch.dtype) -> Tensor:
-        """[B, H, T, D(+1)] read-out -> [T, B, C] after the denominator and out_proj."""
+    def _merge(self, o: Tensor) -> Tensor:
+        """[B, H, T, D(+1)] read-out -> [T, B, C] after the sum rule's denominator."""
         if self.update_rule == "sum":
             o = o[..., :-1] / (o[..., -1:] + DENOMINATOR_EPS)  # y = W^T phi(q) / (z . phi(q) + eps)
         bsz, _, length, _ = o.shape
-        o = o.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)  # [T, B, C]
-        return self.out_proj(o.to(out_dtype))
+        return o.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)  # [T, B, C]
 
     # ---------------------------------------------------------------- fairseq interface
 
@@ -134,6 +134,7 @@ class FastWeightAttention(nn.Module):
         Fast weights have no attention matrix, so no weights are returned even when asked for:
         fairseq's decoder asks for them at its alignment layer on every call and copes with None
         (`--print-alignment` needs softmax cross-attention: leave 'cross' out of --fw-attention).
+        A causal block ignores `attn_mask` (fairseq's future mask): it is causal by construction.
         """
         if before_softmax:
             raise ValueError("fast-weight attention has no pre-softmax scores (before_softmax=True)")
@@ -142,23 +143,33 @@ class FastWeightAttention(nn.Module):
                              "non-causal attention")
         if key is not None and value is not None and key is not value:
             raise ValueError("FastWeightAttention expects key and value to be the same tensor")
-        # Feature maps and the state in fp32 under --fp16/--amp: exp() in FAVOR+ overflows fp16.
-        dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         if self.training and self.favor is not None:
             self.favor.redraw()  # once per forward, shared by this layer's queries and keys
-        phi_q = self._phi(self._split_heads(self.q_proj(query), dtype), is_query=True)
-
+        q = self.q_proj(query)
         buffer = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        if self.encoder_decoder_attention or not self.causal:
-            memory = buffer.get("memory") if buffer is not None else None
-            if memory is None:
-                memory = self._memory(key, key_padding_mask, dtype)
-            if buffer is not None and self.encoder_decoder_attention:
-                buffer["memory"] = memory  # the source is fixed: build its memory once
-                self._set_input_buffer(incremental_state, buffer)
-            return self._merge(fast_weight_read(phi_q, memory), query.dtype), None
+        memory = buffer.get("memory") if buffer is not None else None
+        writes = self._project_writes(key) if memory is None else None
+        # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
+        # overflows fp16 and the state sums many steps); the projections above keep autocast.
+        dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            phi_q = self._phi(self._split_heads(q, dtype), is_query=True)
+            if self.encoder_decoder_attention or not self.causal:
+                if memory is None:
+                    memory = fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
+                if buffer is not None and self.encoder_decoder_attention:
+                    buffer["memory"] = memory  # the source is fixed: build its memory once
+                    self._set_input_buffer(incremental_state, buffer)
+                o = fast_weight_read(phi_q, memory)
+            else:
+                o = self._causal(phi_q, self._writes(*writes, key_padding_mask, dtype),
+                                 buffer, incremental_state)
+            o = self._merge(o)
+        return self.out_proj(o.to(q.dtype)), None
 
-        phi_k, v, beta = self._writes(key, key_padding_mask, dtype)
+    def _causal(self, phi_q: Tensor, writes, buffer, incremental_state) -> Tensor:
+        """Decoder self-attention: position t reads W_t; generation carries (W, z) in the buffer."""
+        phi_k, v, beta = writes
         state = buffer.get("state") if buffer is not None else None
         keep_state = buffer is not None
         if self.update_rule == "sum":
@@ -168,7 +179,7 @@ class FastWeightAttention(nn.Module):
         if buffer is not None:
             buffer["state"] = state  # [B, H, E, D(+1)]: fixed size, whatever the output length
             self._set_input_buffer(incremental_state, buffer)
-        return self._merge(o, query.dtype), None
+        return o
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):

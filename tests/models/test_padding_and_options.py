@@ -1,0 +1,111 @@
+"""Padding, option validation, FAVOR+ buffers and mixed precision of transformer_fw."""
+import pytest
+import torch
+
+from fw_model_factory import build_model, parse_model_args, random_tokens
+
+FW = ["--fw-dpfp-nu", "2", "--fw-favor-features", "24"]
+
+
+@pytest.mark.parametrize("feature_map,rule", [("elu", "sum"), ("dpfp", "delta"), ("favor", "sum"),
+                                              ("favor", "delta")])
+def test_left_padded_batch_equals_each_sentence_alone(feature_map, rule):
+    model, d = build_model(FW + ["--fw-feature-map", feature_map, "--fw-update-rule", rule])
+    g = torch.Generator().manual_seed(0)
+    lengths = [7, 4, 2]
+    sentences = [random_tokens(d, 1, n, g)[0] for n in lengths]
+    prev = random_tokens(d, 3, 5, g)
+    src = torch.full((3, max(lengths)), d.pad())
+    for i, s in enumerate(sentences):
+        src[i, max(lengths) - len(s):] = s  # fairseq pads sources on the left
+    batched, _ = model(src, torch.tensor(lengths), prev)
+    for i, s in enumerate(sentences):
+        alone, _ = model(s[None], torch.tensor([len(s)]), prev[i: i + 1])
+        torch.testing.assert_close(batched[i: i + 1], alone, rtol=1e-9, atol=1e-9)
+
+
+def test_right_padded_targets_do_not_touch_real_positions():
+    model, d = build_model(FW + ["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"])
+    g = torch.Generator().manual_seed(1)
+    src, prev = random_tokens(d, 2, 6, g), random_tokens(d, 2, 6, g)
+    padded = prev.clone()
+    padded[1, 3:] = d.pad()
+    full, _ = model(src, torch.full((2,), 6), prev)
+    with_pad, _ = model(src, torch.full((2,), 6), padded)
+    torch.testing.assert_close(with_pad[1, :3], full[1, :3], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("flag,value,allowed", [
+    ("--fw-feature-map", "relu", "elu"),
+    ("--fw-update-rule", "hebb", "sum"),
+    ("--fw-attention", "encoder,ffn", "encoder,decoder,cross"),
+    ("--fw-favor-features", "0", ">= 1"),
+    ("--fw-dpfp-nu", "-1", ">= 1"),
+])
+def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
+    with pytest.raises(SystemExit):
+        parse_model_args([flag, value])
+    err = capsys.readouterr().err
+    assert flag in err and allowed in err
+
+
+def test_dpfp_nu_beyond_head_dim_names_the_flag():
+    # d_key = 16 here, so nu may be at most 31.
+    with pytest.raises(ValueError, match=r"--fw-dpfp-nu got 32; allowed: 1\.\.31"):
+        build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "32"])
+
+
+def test_fw_attention_none_is_the_standard_transformer():
+    from fairseq.modules import MultiheadAttention
+
+    model, _ = build_model(["--fw-attention", "none"])
+    attentions = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    assert len(attentions) == 2 + 2 * 2  # 2 encoder self, 2 decoder self + 2 cross
+
+
+def test_model_help_documents_the_flags():
+    # fairseq's --help exits before any model adds its flags (true for its own archs too), so
+    # check the help text of the model's own argument group.
+    import argparse
+
+    from fw_fairseq.models.transformer_fw import FastWeightTransformerModel
+
+    parser = argparse.ArgumentParser()
+    FastWeightTransformerModel.add_args(parser)
+    out = parser.format_help()
+    for flag in ["--fw-feature-map", "--fw-update-rule", "--fw-dpfp-nu", "--fw-favor-features",
+                 "--fw-attention"]:
+        assert flag in out
+
+
+def test_favor_projection_is_saved_redrawn_in_training_fixed_in_eval():
+    model, d = build_model(FW + ["--fw-feature-map", "favor"])
+    names = [k for k in model.state_dict() if k.endswith("favor.projection")]
+    assert len(names) == 2 * 1 + 2 * 2  # every fast-weight attention block has its own R
+    g = torch.Generator().manual_seed(2)
+    src, prev = random_tokens(d, 2, 5, g), random_tokens(d, 2, 4, g)
+    before = {k: model.state_dict()[k].clone() for k in names}
+    model(src, torch.full((2,), 5), prev)  # eval: no redraw
+    assert all(torch.equal(before[k], model.state_dict()[k]) for k in names)
+    model.train()
+    model(src, torch.full((2,), 5), prev)
+    after = model.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in names)
+    # independently per layer: no two layers share a draw
+    draws = [after[k] for k in names]
+    assert all(not torch.equal(draws[0], other) for other in draws[1:])
+
+
+@pytest.mark.parametrize("feature_map", ["favor", "dpfp"])
+def test_bf16_autocast_keeps_state_in_fp32_and_finite(feature_map):
+    model, d = build_model(FW + ["--fw-feature-map", feature_map], dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    src, prev = random_tokens(d, 2, 6, g), random_tokens(d, 2, 5, g)
+    encoder_out = model.encoder(src, src_lengths=torch.full((2,), 6))
+    state = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model(src, torch.full((2,), 6), prev)
+        model.decoder(prev[:, :1], encoder_out=encoder_out, incremental_state=state)
+    assert torch.isfinite(logits).all()
+    cached = [v for buf in state.values() for v in buf.values() if torch.is_tensor(v)]
+    assert cached and all(v.dtype == torch.float32 for v in cached)
