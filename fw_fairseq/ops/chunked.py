@@ -69,30 +69,36 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
         A = I + tril(diag(beta) K K^T, -1);  T = A^{-1} diag(beta);  W = T K;  U = T V
         u = U - W S;  o = Q S + tril(Q K^T) u;  S <- S + K^T u
     A, W, U and tril(Q K^T) depend on no state and are computed for all chunks at once; only the
-    three state matmuls run in the loop over chunks. q may be None (a pure write, as in
+    state-dependent matmuls ([W; Q] S, tril(Q K^T) u, K^T u) run in the loop over chunks. q may be None (a pure write, as in
     fast_weight_write): then no output is computed and o is None.
     """
-    out_dtype, T = v.dtype if q is None else q.dtype, k.shape[2]
+    out_dtype, (B, H, T, E) = v.dtype if q is None else q.dtype, k.shape
     dtype = state_dtype(out_dtype)
     C = min(chunk_size, T)
-    K, V = _to_chunks(k.to(dtype), C), _to_chunks(v.to(dtype), C)  # [B, H, N, C, E], [B, H, N, C, M]
-    Bt = _to_chunks(beta.to(dtype), C)[..., None]  # [B, H, N, C, 1]
+    # batch and heads flattened so the loop can use 3-D baddbmm: [B*H, N, C, D]
+    K = _to_chunks(k.to(dtype), C).flatten(0, 1)  # [BH, N, C, E]
+    Bt = _to_chunks(beta.to(dtype), C).flatten(0, 1)[..., None]  # [BH, N, C, 1]
+    rhs = Bt * torch.cat([K, _to_chunks(v.to(dtype), C).flatten(0, 1)], dim=-1)  # [BH, N, C, E+M] = beta [K V]
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # [C, C], s < t
-    A = (Bt * (K @ K.transpose(-1, -2))).masked_fill(~strict, 0.0)  # [B, H, N, C, C], strictly lower
+    A = (rhs[..., :E] @ K.transpose(-1, -2)).masked_fill(~strict, 0.0)  # [BH, N, C, C], tril(diag(beta) K K^T, -1)
     A = A + torch.eye(C, dtype=dtype, device=k.device)
-    # W = A^{-1} (beta K), U = A^{-1} (beta V): one unit-lower-triangular solve instead of forming T.
-    WU = torch.linalg.solve_triangular(A, Bt * torch.cat([K, V], dim=-1), upper=False, unitriangular=True)
-    W, U = WU.split([K.shape[-1], V.shape[-1]], dim=-1)  # [B, H, N, C, E], [B, H, N, C, M]
+    # [W U] = A^{-1} diag(beta) [K V]: one unit-lower-triangular solve instead of forming T
+    W, U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([E, v.shape[-1]], dim=-1)
     if q is not None:
-        Q = _to_chunks(q.to(dtype), C)  # [B, H, N, C, E]
+        Q = _to_chunks(q.to(dtype), C).flatten(0, 1)  # [BH, N, C, E]
         inclusive = strict | torch.eye(C, dtype=torch.bool, device=k.device)  # [C, C], s <= t
-        scores = (Q @ K.transpose(-1, -2)).masked_fill(~inclusive, 0.0)  # [B, H, N, C, C]
-    S = _initial(k, v, initial_state, dtype)  # [B, H, E, M]
+        scores = (Q @ K.transpose(-1, -2)).masked_fill(~inclusive, 0.0)  # [BH, N, C, C]
+        W = torch.cat([W, Q], dim=-2)  # [BH, N, 2C, E]: W S and Q S in one matmul per chunk
+    S = _initial(k, v, initial_state, dtype).flatten(0, 1)  # [BH, E, M]
     outputs = []
-    for n in range(K.shape[2]):
-        u = U[:, :, n] - W[:, :, n] @ S  # [B, H, C, M], the effective per-position writes
+    for n in range(K.shape[1]):
+        WS = W[:, n] @ S  # [BH, C or 2C, M]
+        u = U[:, n] - WS[:, :C]  # [BH, C, M], the effective per-position writes
         if q is not None:
-            outputs.append(Q[:, :, n] @ S + scores[:, :, n] @ u)  # [B, H, C, M]
-        S = S + K[:, :, n].transpose(-1, -2) @ u  # [B, H, E, M]
-    o = None if q is None else _from_chunks(torch.stack(outputs, dim=2), T).to(out_dtype)  # [B, H, T, M]
-    return o, (S if output_final_state else None)
+            outputs.append(torch.baddbmm(WS[:, C:], scores[:, n], u))  # [BH, C, M] = Q S + tril(Q K^T) u
+        S = torch.baddbmm(S, K[:, n].transpose(-1, -2), u)  # [BH, E, M]
+    S = S.unflatten(0, (B, H))  # [B, H, E, M]
+    if q is None:
+        return None, (S if output_final_state else None)
+    o = torch.stack(outputs, dim=1).unflatten(0, (B, H))  # [B, H, N, C, M]
+    return _from_chunks(o, T).to(out_dtype), (S if output_final_state else None)
