@@ -1,0 +1,192 @@
+"""CPU benchmark: chunked vs naive fast weight ops (sum and delta rule), side by side in one run.
+
+    python benchmarks/bench_ops_cpu.py            # B=2, H=8, E=M=64, T in {128, 512, 2048}, float32
+    python benchmarks/bench_ops_cpu.py --quick    # T in {128, 512}, fewer repeats
+
+Time: median over --repeats of forward (no_grad) and forward+backward (random upstream gradient on
+the output); naive and chunked alternate within each repeat so that load from other processes hits
+both alike. Peak memory of forward+backward: torch's CPU allocator sits on malloc, which tracemalloc
+cannot see, so each config runs in a fresh subprocess: it warms up on a short sequence (so that
+lazily paged-in library code does not count), builds its inputs, resets the kernel's resident-set
+high-water mark (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0) and reports VmHWM - VmRSS after
+one forward+backward: the extra resident memory the step needed at its peak. The subprocess runs
+with a fixed glibc mmap threshold so that freed large blocks go back to the OS instead of being
+reused unseen from the heap.
+Writes benchmarks/results/ops_cpu.json (ops_cpu_quick.json with --quick) and a Markdown table.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fw_fairseq.ops import sum_normalize
+from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
+from fw_fairseq.ops.naive import naive_delta, naive_sum
+
+RESULTS = Path(__file__).resolve().parent / "results"
+IMPLS = {
+    ("sum", "naive"): lambda q, k, v, beta: naive_sum(q, k, v)[0],
+    ("sum", "chunked"): lambda q, k, v, beta: chunked_sum(q, k, v)[0],
+    ("delta", "naive"): lambda q, k, v, beta: naive_delta(q, k, v, beta)[0],
+    ("delta", "chunked"): lambda q, k, v, beta: chunked_delta(q, k, v, beta)[0],
+}
+
+
+def make_inputs(B, H, T, D, requires_grad):
+    """Sum-normalised positive keys/queries [B, H, T, D], values [B, H, T, D], beta in (0, 1) [B, H, T]."""
+    g = torch.Generator().manual_seed(0)
+    q = sum_normalize(torch.rand(B, H, T, D, generator=g))
+    k = sum_normalize(torch.rand(B, H, T, D, generator=g))
+    v = torch.randn(B, H, T, D, generator=g)
+    beta = torch.sigmoid(torch.randn(B, H, T, generator=g))
+    return [x.requires_grad_(requires_grad) for x in (q, k, v, beta)]
+
+
+def forward_backward(fn, inputs, grad_out):
+    o = fn(*inputs)
+    torch.autograd.grad(o, inputs, grad_out, allow_unused=True)  # the sum rule has no beta
+
+
+def time_config(rule, T, args):
+    """Median milliseconds {impl: {"fwd": ms, "fwd_bwd": ms}} for one rule and length."""
+    inputs = make_inputs(args.batch, args.heads, T, args.dim, requires_grad=True)
+    grad_out = torch.randn_like(inputs[2])
+    impls = ["chunked"] + (["naive"] if T <= args.naive_max_t else [])
+    times = {impl: {"fwd": [], "fwd_bwd": []} for impl in impls}
+    for repeat in range(args.repeats + 1):  # repeat 0 warms up and is discarded
+        for impl in impls:
+            fn = IMPLS[rule, impl]
+            start = time.perf_counter()
+            with torch.no_grad():
+                fn(*inputs)
+            middle = time.perf_counter()
+            forward_backward(fn, inputs, grad_out)
+            end = time.perf_counter()
+            if repeat:
+                times[impl]["fwd"].append(1e3 * (middle - start))
+                times[impl]["fwd_bwd"].append(1e3 * (end - middle))
+    return {impl: {key: statistics.median(ms) for key, ms in t.items()} for impl, t in times.items()}
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def memory_worker(rule, impl, T, args):
+    """Runs in a subprocess: prints the extra peak resident MiB of one forward+backward."""
+    torch.set_num_threads(args.threads)
+    warmup = make_inputs(args.batch, args.heads, 16, args.dim, requires_grad=True)
+    forward_backward(IMPLS[rule, impl], warmup, torch.randn_like(warmup[2]))
+    del warmup
+    inputs = make_inputs(args.batch, args.heads, T, args.dim, requires_grad=True)
+    grad_out = torch.randn_like(inputs[2])
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS: imports and input creation do not count
+    base = _status_kib("VmRSS")
+    forward_backward(IMPLS[rule, impl], inputs, grad_out)
+    print(json.dumps({"peak_mib": (_status_kib("VmHWM") - base) / 1024}))
+
+
+def measure_memory(rule, impl, T, args):
+    cmd = [sys.executable, __file__, "--memory-worker", rule, impl, str(T), "--threads", str(args.threads),
+           "--batch", str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim)]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # a fixed threshold: freed big blocks are unmapped
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_mib"]
+
+
+def machine_info(args):
+    cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                     platform.processor())
+    return {
+        "device": "cpu", "cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": args.threads,
+        "torch": torch.__version__, "python": platform.python_version(),
+        "load_average_1_5_15min": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows):
+    head = ("| rule | T | naive fwd ms | chunked fwd ms | fwd speedup | naive fwd+bwd ms | chunked fwd+bwd ms "
+            "| fwd+bwd speedup | naive peak MiB | chunked peak MiB | memory ratio |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['rule']} | {r['T']} | {fmt(r['naive_fwd_ms'])} | {fmt(r['chunked_fwd_ms'])} "
+            f"| {fmt(r['fwd_speedup'])}x | {fmt(r['naive_fwd_bwd_ms'])} | {fmt(r['chunked_fwd_bwd_ms'])} "
+            f"| {fmt(r['fwd_bwd_speedup'])}x | {fmt(r['naive_peak_mib'])} | {fmt(r['chunked_peak_mib'])} "
+            f"| {fmt(r['memory_ratio'])}x |"
+        )
+    return "\n".join(lines)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="T in {128, 512}, 2 repeats")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
+    p.add_argument("--naive-max-t", type=int, default=10**9, help="skip the naive loop above this T")
+    p.add_argument("--no-memory", action="store_true", help="skip the per-config memory subprocesses")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: reproducible on shared CPUs)")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=64, help="E = M")
+    p.add_argument("--memory-worker", nargs=3, metavar=("RULE", "IMPL", "T"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.memory_worker:
+        rule, impl, T = args.memory_worker
+        return memory_worker(rule, impl, int(T), args)
+    if args.quick:
+        args.lengths, args.repeats = [128, 512], 2
+    torch.set_num_threads(args.threads)
+
+    rows = []
+    for rule in ("sum", "delta"):
+        for T in args.lengths:
+            t = time_config(rule, T, args)
+            naive = t.get("naive", {})
+            mem = {impl: None if args.no_memory or impl not in t else measure_memory(rule, impl, T, args)
+                   for impl in ("naive", "chunked")}
+            row = {"rule": rule, "T": T,
+                   "naive_fwd_ms": naive.get("fwd"), "chunked_fwd_ms": t["chunked"]["fwd"],
+                   "naive_fwd_bwd_ms": naive.get("fwd_bwd"), "chunked_fwd_bwd_ms": t["chunked"]["fwd_bwd"],
+                   "naive_peak_mib": mem["naive"], "chunked_peak_mib": mem["chunked"]}
+            row["fwd_speedup"] = ratio(row["naive_fwd_ms"], row["chunked_fwd_ms"])
+            row["fwd_bwd_speedup"] = ratio(row["naive_fwd_bwd_ms"], row["chunked_fwd_bwd_ms"])
+            row["memory_ratio"] = ratio(row["naive_peak_mib"], row["chunked_peak_mib"])
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
+
+    config = {"B": args.batch, "H": args.heads, "E": args.dim, "M": args.dim, "dtype": "float32",
+              "chunk_size": 64, "repeats": args.repeats, "statistic": "median"}
+    result = {"machine": machine_info(args), "config": config, "rows": rows}
+    name = "ops_cpu_quick" if args.quick else "ops_cpu"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    m = result["machine"]
+    md = (f"# Fast weight ops on CPU: chunked vs naive\n\n{m['cpu_model']}, {m['cpu_count']} CPUs, "
+          f"{m['torch_threads']} torch thread(s), torch {m['torch']}, load average {m['load_average_1_5_15min']}; "
+          f"B={args.batch}, H={args.heads}, E=M={args.dim}, float32, chunk 64, median of {args.repeats}.\n"
+          f"Speedup = naive / chunked time; memory ratio = naive / chunked extra peak RSS of forward+backward.\n\n"
+          f"{table(rows)}\n")
+    (RESULTS / f"{name}.md").write_text(md)
+    print("\n" + table(rows) + f"\n\nwrote {RESULTS / name}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
