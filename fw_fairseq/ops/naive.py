@@ -14,13 +14,19 @@ def _zero_state(k, v, initial_state):
     return k.new_zeros(B, H, E, v.shape[-1])  # [B, H, E, M]
 
 
+def _steps(*tensors):
+    """Per-position slices along T (dim 2). unbind, not x[:, :, t]: the backward of T index ops would
+    build T full-size zero gradients (O(T^2) work); unbind's backward stacks once."""
+    return [x.unbind(2) for x in tensors]
+
+
 def naive_sum(q, k, v, initial_state=None, output_final_state=False):
     """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], W or None)."""
     W = _zero_state(k, v, initial_state)  # [B, H, E, M]
     outputs = []
-    for t in range(q.shape[2]):
-        W = W + k[:, :, t, :, None] * v[:, :, t, None, :]  # [B, H, E, M]
-        outputs.append(torch.einsum("bhe,bhem->bhm", q[:, :, t], W))  # [B, H, M]
+    for q_t, k_t, v_t in zip(*_steps(q, k, v)):  # [B, H, E], [B, H, E], [B, H, M]
+        W = W + k_t[..., None] * v_t[:, :, None, :]  # [B, H, E, M]
+        outputs.append(torch.einsum("bhe,bhem->bhm", q_t, W))  # [B, H, M]
     o = torch.stack(outputs, dim=2)  # [B, H, T, M]
     return o, (W if output_final_state else None)
 
@@ -30,12 +36,11 @@ def naive_delta(q, k, v, beta, initial_state=None, output_final_state=False):
     o_t = W_t^T q_t. Returns (o [B,H,T,M], W or None)."""
     W = _zero_state(k, v, initial_state)  # [B, H, E, M]
     outputs = []
-    for t in range(q.shape[2]):
-        k_t = k[:, :, t]  # [B, H, E]
+    for q_t, k_t, v_t, beta_t in zip(*_steps(q, k, v, beta)):  # [B, H, E], [B, H, E], [B, H, M], [B, H]
         v_bar = torch.einsum("bhe,bhem->bhm", k_t, W)  # [B, H, M]
-        delta = beta[:, :, t, None] * (v[:, :, t] - v_bar)  # [B, H, M]
+        delta = beta_t[..., None] * (v_t - v_bar)  # [B, H, M]
         W = W + k_t[..., None] * delta[:, :, None, :]  # [B, H, E, M]
-        outputs.append(torch.einsum("bhe,bhem->bhm", q[:, :, t], W))  # [B, H, M]
+        outputs.append(torch.einsum("bhe,bhem->bhm", q_t, W))  # [B, H, M]
     o = torch.stack(outputs, dim=2)  # [B, H, T, M]
     return o, (W if output_final_state else None)
 
