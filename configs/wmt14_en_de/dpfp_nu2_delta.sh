@@ -1,0 +1,5 @@
+# Beyond Table 1: DPFP nu = 2 (d_dot = 256) with the paper's delta update rule (Sec. 4.2)
+# instead of the sum rule; the paper reports no MT number for it.
+TABLE1_ROW="DPFP + delta"
+TABLE1_DDOT=256
+FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule delta)
