@@ -90,13 +90,15 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
         scores = (Q @ K.transpose(-1, -2)).masked_fill(~inclusive, 0.0)  # [BH, N, C, C]
         W = torch.cat([W, Q], dim=-2)  # [BH, N, 2C, E]: W S and Q S in one matmul per chunk
     S = _initial(k, v, initial_state, dtype).flatten(0, 1)  # [BH, E, M]
+    # unbind, not X[:, n]: the backward of N index ops would build N full-size zero gradients
+    steps = zip(W.unbind(1), U.unbind(1), K.unbind(1), *([] if q is None else [scores.unbind(1)]))
     outputs = []
-    for n in range(K.shape[1]):
-        WS = W[:, n] @ S  # [BH, C or 2C, M]
-        u = U[:, n] - WS[:, :C]  # [BH, C, M], the effective per-position writes
+    for W_n, U_n, K_n, *scores_n in steps:  # [BH, C or 2C, E], [BH, C, M], [BH, C, E], [BH, C, C]
+        WS = W_n @ S  # [BH, C or 2C, M]
+        u = U_n - WS[:, :C]  # [BH, C, M], the effective per-position writes
         if q is not None:
-            outputs.append(torch.baddbmm(WS[:, C:], scores[:, n], u))  # [BH, C, M] = Q S + tril(Q K^T) u
-        S = torch.baddbmm(S, K[:, n].transpose(-1, -2), u)  # [BH, E, M]
+            outputs.append(torch.baddbmm(WS[:, C:], scores_n[0], u))  # [BH, C, M] = Q S + tril(Q K^T) u
+        S = torch.baddbmm(S, K_n.transpose(-1, -2), u)  # [BH, E, M]
     S = S.unflatten(0, (B, H))  # [B, H, E, M]
     if q is None:
         return None, (S if output_final_state else None)
