@@ -13,6 +13,7 @@ import logging
 import torch
 
 from .chunked import chunked_delta, chunked_sum, state_dtype
+from .cuda_functions import cuda_delta, cuda_sum
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     ext = _cuda_kernel(q, v)
     if ext is None:
         return chunked_sum(q, k, v, state0, output_final_state)
-    from .cuda_functions import cuda_sum
-
     o, state = cuda_sum(ext, q, k, v, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
@@ -44,8 +43,6 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
     ext = _cuda_kernel(q, v)
     if ext is None:
         return chunked_delta(q, k, v, beta, state0, output_final_state)
-    from .cuda_functions import cuda_delta
-
     o, state = cuda_delta(ext, q, k, v, beta, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
@@ -59,8 +56,6 @@ def fast_weight_write(k, v, beta=None):
     ext = _cuda_kernel(k, v)
     if ext is None:
         return chunked_delta(None, k, v, beta, None, output_final_state=True)[1]
-    from .cuda_functions import cuda_delta
-
     # the kernel always reads; reading with q = k is the cheapest valid query
     return cuda_delta(ext, k, k, v, beta, _kernel_state(k, k, v, None))[1]
 
