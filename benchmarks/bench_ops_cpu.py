@@ -109,7 +109,7 @@ def machine_info(args):
     return {
         "device": "cpu", "cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": args.threads,
         "torch": torch.__version__, "python": platform.python_version(),
-        "load_average_1_5_15min": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "load_average_1_5_15min": [round(x, 1) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
