@@ -69,8 +69,8 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
         A = I + tril(diag(beta) K K^T, -1);  T = A^{-1} diag(beta);  W = T K;  U = T V
         u = U - W S;  o = Q S + tril(Q K^T) u;  S <- S + K^T u
     A, W, U and tril(Q K^T) depend on no state and are computed for all chunks at once; only the
-    state-dependent matmuls ([W; Q] S, tril(Q K^T) u, K^T u) run in the loop over chunks. q may be None (a pure write, as in
-    fast_weight_write): then no output is computed and o is None.
+    state-dependent matmuls ([W; Q] S, tril(Q K^T) u, K^T u) run in the loop over chunks.
+    q may be None (a pure write, as in fast_weight_write): then no output is computed and o is None.
     """
     out_dtype, (B, H, T, E) = v.dtype if q is None else q.dtype, k.shape
     dtype = state_dtype(out_dtype)
