@@ -35,12 +35,16 @@ MODELS = {
     "dpfp-sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-update-rule", "sum"],
     "dpfp-delta": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-update-rule", "delta"],
 }
+# Small enough for a few hundred updates per model in minutes on 2 cores; d_key stays 64.
 ARCH = ["--arch", "transformer_fw_small", "--share-all-embeddings",
-        "--encoder-layers", "2", "--decoder-layers", "2"]
-TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
+        "--encoder-layers", "2", "--decoder-layers", "2",
+        "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+        "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "2e-3",
          "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200", "--clip-norm", "1.0",
          "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--dropout", "0.1", "--max-tokens", "4096", "--seed", "1", "--num-workers", "0",
+         "--dropout", "0.1", "--max-tokens", "2048", "--seed", "1", "--num-workers", "0",
          "--no-epoch-checkpoints", "--disable-validation", "--log-format", "simple",
          "--log-interval", "50", "--required-batch-size-multiple", "1"]
 STEPS = 4
@@ -79,7 +83,7 @@ def catalog_pairs(locale_dir):
                 continue  # plural forms are keyed by tuples; "" is the header
             msgid = msgid.split("\x04", 1)[-1]  # drop a msgctxt ("context\x04message")
             en, de = clean_message(msgid), clean_message(msgstr)
-            if en and de and en != de and 2 <= len(en.split()) <= 20 and len(de.split()) <= 30:
+            if en and de and en != de and 2 <= len(en.split()) <= 12 and len(de.split()) <= 16:
                 pairs.setdefault(en, de)
     return sorted(pairs.items())
 
@@ -149,7 +153,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="training time per model")
     parser.add_argument("--work-dir", type=Path, default=REPO / "demo_work")
-    parser.add_argument("--bpe-merges", type=int, default=4000)
+    parser.add_argument("--bpe-merges", type=int, default=2000)
     parser.add_argument("--test-size", type=int, default=500)
     args = parser.parse_args()
     work, start = args.work_dir, time.time()
