@@ -3,7 +3,45 @@
 The CUDA extension in cuda/ is built only when nvcc and a CUDA build of torch are present;
 a CPU install skips it (and says so once) and uses the chunked PyTorch path.
 """
+import glob
+import os
+import shutil
+
 from setuptools import find_packages, setup
+
+
+def cuda_extension():
+    """(ext_modules, cmdclass) for fw_fairseq._cuda, or ([], {}) with one line saying why not.
+
+    Target GPUs follow torch's TORCH_CUDA_ARCH_LIST (default: the GPUs visible at build time).
+    """
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+    except ImportError:
+        return _skip("torch is not importable at build time (install torch first, then --no-build-isolation)")
+    if torch.version.cuda is None:
+        return _skip(f"torch {torch.__version__} is a CPU build")
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
+    if not nvcc or not os.path.exists(nvcc):
+        return _skip("nvcc was not found (set CUDA_HOME)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sources = sorted(glob.glob(os.path.join("cuda", "*.cpp")) + glob.glob(os.path.join("cuda", "*.cu")))
+    ext = CUDAExtension(
+        name="fw_fairseq._cuda",
+        sources=sources,
+        include_dirs=[os.path.join(here, "cuda")],
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
+    )
+    return [ext], {"build_ext": BuildExtension}
+
+
+def _skip(reason):
+    print(f"fw_fairseq: CUDA extension skipped: {reason}; CUDA tensors use the chunked PyTorch path")
+    return [], {}
+
+
+ext_modules, cmdclass = cuda_extension()
 
 setup(
     name="fw_fairseq",
@@ -12,4 +50,6 @@ setup(
     packages=find_packages(include=["fw_fairseq", "fw_fairseq.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.6", "fairseq-fixed==0.12.3.1", "sacrebleu>=2.0"],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
 )

@@ -1,0 +1,31 @@
+// Launchers shared by the binding (fast_weight.cpp: checks, allocation, pass order) and the kernels
+// (*.cu). Every tensor is contiguous and on the current device; an undefined tensor means "absent".
+// Shapes are head-first: [B, H, T, D] sequences, [B, H, P, Q] states; acc_t (float, or double for
+// float64 inputs) is the state's and the scratch buffers' dtype.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "col_mode.h"
+
+namespace fw {
+
+// q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); state_in, state_out [B, H, P, Q];
+// out [B, H, T, Q] in the input dtype; aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
+void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& beta, const at::Tensor& state_in, const at::Tensor& state_out,
+                const at::Tensor& out, const at::Tensor& aux, bool reverse);
+
+// The delta rule's dq, dk, dbeta from the rows of W (forward sweep) and of dL/dW (reverse sweep),
+// given vbar (kDelta's aux) and du (kDeltaGrad's aux), both [B, H, T, M] in acc_t.
+// dk_part [B, H, T, E] (acc_t) is scratch that carries -beta_t W_{t-1} du_t between the sweeps.
+void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& beta, const at::Tensor& dout, const at::Tensor& vbar,
+                            const at::Tensor& du, const at::Tensor& state0, const at::Tensor& dfinal,
+                            const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
+                            const at::Tensor& dk_part);
+
+// One decoding step (T = 1) that updates state [B, H, E, M] in place and writes o [B, H, 1, M].
+void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& beta, const at::Tensor& state, const at::Tensor& o);
+
+}  // namespace fw

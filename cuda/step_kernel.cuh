@@ -1,0 +1,72 @@
+// One decoding step (T = 1), state updated in place. This is memory-bound: the state [E, M] is read
+// and written once per token and everything else is O(E + M). So the layout serves coalescing:
+// one block per head, thread (g, m) = (threadIdx.x / M, threadIdx.x % M) walks rows g, g + G, ...
+// of column m, and consecutive threads touch consecutive addresses of the row-major state. Column
+// sums over the G row groups go through shared memory.
+//
+// Sum rule: one pass, W += k v^T and o = W^T q together. Delta rule: a first pass reads vbar = W^T k
+// (the update needs it for every row), the second updates and reads; the second pass's reads of W
+// hit L2, the block having just read the same bytes.
+#pragma once
+#include <cstdint>
+
+#include "warp.cuh"
+
+namespace fw {
+
+constexpr int kStepThreads = 256;  // threads per block to aim for
+
+// Sum of x over the G row groups of column m, returned to every thread of the column. part holds
+// [G, M] partials; the trailing barrier lets the caller reuse it.
+template <typename acc_t>
+__device__ acc_t column_sum(acc_t x, acc_t* part, int g, int m, int groups, int M) {
+  part[g * M + m] = x;
+  __syncthreads();
+  acc_t total = 0;
+  for (int h = 0; h < groups; ++h) total += part[h * M + m];
+  __syncthreads();
+  return total;
+}
+
+template <typename scalar_t, typename acc_t, bool DELTA>
+__global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                            const scalar_t* __restrict__ v, const scalar_t* __restrict__ beta,
+                            acc_t* __restrict__ state, scalar_t* __restrict__ o, int E, int M, int groups) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];  // 16-byte aligned for double
+  acc_t* qs = reinterpret_cast<acc_t*>(smem_raw);  // [E]
+  acc_t* ks = qs + E;                                // [E]
+  acc_t* part = ks + E;                              // [groups, M]
+  const int64_t bh = blockIdx.x;
+  const int g = threadIdx.x / M, m = threadIdx.x % M;  // blockDim.x == groups * M
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    qs[e] = static_cast<acc_t>(q[bh * E + e]);
+    ks[e] = static_cast<acc_t>(k[bh * E + e]);
+  }
+  __syncthreads();
+
+  acc_t* W = state + bh * E * M + m;  // column m; row e at W[e * M]
+  acc_t u = static_cast<acc_t>(v[bh * M + m]);
+  if constexpr (DELTA) {
+    acc_t kw = 0;
+#pragma unroll 4
+    for (int e = g; e < E; e += groups) kw += ks[e] * W[int64_t(e) * M];
+    const acc_t vbar = column_sum(kw, part, g, m, groups, M);
+    u = static_cast<acc_t>(beta[bh]) * (u - vbar);
+  }
+  acc_t qw = 0;
+#pragma unroll 4
+  for (int e = g; e < E; e += groups) {
+    const acc_t w = W[int64_t(e) * M] + ks[e] * u;
+    W[int64_t(e) * M] = w;
+    qw += qs[e] * w;
+  }
+  qw = column_sum(qw, part, g, m, groups, M);
+  if (g == 0) o[bh * M + m] = static_cast<scalar_t>(qw);
+}
+
+// Row groups per block: about kStepThreads threads, but no more groups than rows.
+constexpr int step_groups(int E, int M) {
+  return ceil_div(kStepThreads, M) < E ? ceil_div(kStepThreads, M) : E;
+}
+
+}  // namespace fw
