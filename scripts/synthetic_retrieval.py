@@ -154,7 +154,7 @@ def main(argv=None):
     parser.add_argument("--out", default="results/synthetic")
     parser.add_argument("--figures", default="docs/figures")
     # one thread by default: the models are small enough that a second thread gains little, and on a
-    # shared machine torch's spinning worker threads slow everyone down (measured: 5x slower per step)
+    # shared machine torch's spinning worker threads slow everyone down (measured: 5-13x slower per step)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sizes", type=int, nargs="+", help="override the mode's list of S")

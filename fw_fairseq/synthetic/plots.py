@@ -5,13 +5,14 @@ curve [[step, eval_loss], ...], ...
 """
 import logging
 
-import matplotlib
+# importing fairseq (via fw_fairseq) may leave the root logger at DEBUG; matplotlib's import and font
+# lookup then flood the log, so its logger is quietened before the import
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
-
-# importing fairseq (via fw_fairseq) may leave the root logger at DEBUG; font lookup then floods the log
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def _by_model(cells, order):
