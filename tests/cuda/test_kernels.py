@@ -1,0 +1,156 @@
+"""The kernels in cuda/ against the reference loops (fw_fairseq.ops.naive): outputs, final states and
+the gradients of q, k, v, beta and the initial state under random upstream gradients.
+
+Two backends run the same checks through the ops developer's autograd wrappers
+(fw_fairseq.ops.cuda_functions, which take the extension as an argument):
+- "compiled": fw_fairseq._cuda on a GPU, in float64, float32, bfloat16 and float16;
+- "emulated": the same kernel code on the CPU (tests/cuda/emulator), float64 only, small shapes.
+On a GPU the public fast_weight_sum / fast_weight_delta are also checked to dispatch to the kernel.
+Tolerances are on ||got - ref|| / ||ref|| against float64 naive loops run on the same
+(dtype-rounded) inputs: float64 1e-12; float32 1e-4; bfloat16 and float16 2e-2 (outputs and
+gradients are rounded to those 8- and 11-bit mantissas; accumulation is float32).
+"""
+import pytest
+import torch
+
+from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
+from fw_fairseq.ops import fast_weight as public
+from fw_fairseq.ops.cuda_functions import DeltaFunction, SumFunction
+from fw_fairseq.ops.naive import naive_delta, naive_sum
+
+TOL = {torch.float64: 1e-12, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+# (B, H, T, E, M): T = 1, odd T, E != M, M = d_value + 1 = 65, the limits E = 512 and M = 129 (and
+# 160), E = 384 (DPFP nu = 3), widths that are not multiples of 32 or of the per-block tiles.
+GPU_SHAPES = [(2, 3, 1, 64, 65), (2, 3, 7, 64, 65), (1, 2, 64, 128, 65), (2, 2, 33, 384, 65),
+              (1, 2, 257, 512, 129), (1, 1, 50, 16, 3), (1, 2, 17, 100, 160), (3, 1, 40, 33, 1)]
+EMULATED_SHAPES = [(1, 2, 5, 40, 9), (1, 1, 1, 70, 33), (2, 1, 3, 16, 3)]
+
+
+def make_inputs(B, H, T, E, M, dtype, device, seed=0):
+    """q, k sum-normalised positive features (as the delta rule's phi' makes them), beta in (0, 1):
+    the delta rule's state then stays bounded over long T. Leaves in dtype, on device."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(B, H, T, E, generator=g, dtype=torch.float64)
+    k = torch.rand(B, H, T, E, generator=g, dtype=torch.float64)
+    q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
+    v = torch.randn(B, H, T, M, generator=g, dtype=torch.float64)
+    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    state0 = 0.1 * torch.randn(B, H, E, M, generator=g, dtype=torch.float64)
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    xs = [x.to(dtype) for x in (q, k, v, beta)] + [state0.to(state_dtype)]
+    return [x.to(device).requires_grad_() for x in xs]
+
+
+def run(rule, fn, inputs):
+    """(o, final_state) of fn; fn is an ext (through the autograd wrappers) or 'naive' or 'public'."""
+    q, k, v, beta, s0 = inputs
+    if fn == "naive":
+        return naive_sum(q, k, v, s0, True) if rule == "sum" else naive_delta(q, k, v, beta, s0, True)
+    if fn == "public":
+        return fast_weight_sum(q, k, v, s0, True) if rule == "sum" else fast_weight_delta(q, k, v, beta, s0, True)
+    return SumFunction.apply(fn, q, k, v, s0) if rule == "sum" else DeltaFunction.apply(fn, q, k, v, beta, s0)
+
+
+def check_against_naive(rule, fn, inputs, tol):
+    """Compares outputs, final state and all gradients of fn with the float64 naive loops."""
+    names = ["o", "state", "dq", "dk", "dv", "dbeta", "dstate0"]
+    wrt = [0, 1, 2, 3, 4] if rule == "delta" else [0, 1, 2, 4]
+    ref_inputs = [x.detach().cpu().double().requires_grad_() for x in inputs]
+    poison_cuda_cache()
+    o, s = run(rule, fn, inputs)
+    g = torch.Generator().manual_seed(1)
+    do, ds = torch.randn(o.shape, generator=g, dtype=torch.float64), torch.randn(s.shape, generator=g, dtype=torch.float64)
+    poison_cuda_cache()
+    grads = torch.autograd.grad((o, s), [inputs[i] for i in wrt], (do.to(o), ds.to(s)))
+    o_ref, s_ref = run(rule, "naive", ref_inputs)
+    ref_grads = torch.autograd.grad((o_ref, s_ref), [ref_inputs[i] for i in wrt], (do, ds))
+    got, ref = [o, s, *grads], [o_ref, s_ref, *ref_grads]
+    for name, a, b in zip([n for i, n in enumerate(names) if i < 2 or i - 2 in wrt], got, ref):
+        assert torch.isfinite(a).all(), f"{rule} {name}: non-finite elements (unwritten output?)"
+        err = ((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30)).item()
+        assert err < tol, f"{rule} {name}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def check_steps_equal_forward(rule, ext, inputs):
+    """T single decoding steps (state updated in place) == one forward over T, outputs and state."""
+    q, k, v, beta, s0 = [x.detach() for x in inputs]
+    with torch.no_grad():
+        o_full, s_full = run(rule, ext, [q, k, v, beta, s0])
+        state, outs = s0.clone(), []
+        for t in range(q.shape[2]):
+            step = [x[:, :, t : t + 1].contiguous() for x in (q, k, v, beta)]
+            poison_cuda_cache()
+            outs.append(ext.sum_step(*step[:3], state) if rule == "sum" else ext.delta_step(*step, state))
+    torch.testing.assert_close(torch.cat(outs, dim=2), o_full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state, s_full, rtol=1e-5, atol=1e-6)
+
+
+def poison_cuda_cache():
+    """Leave NaN in the memory the caching allocator hands out next, so that an output element no
+    kernel writes reads as NaN (the extension allocates its outputs with at::empty)."""
+    if torch.cuda.is_available():
+        for numel in (1 << 26, 1 << 22, 1 << 18, 1 << 14, 1 << 10):
+            torch.full((numel,), float("nan"), device="cuda")
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("shape", EMULATED_SHAPES, ids=lambda s: "B{}H{}T{}E{}M{}".format(*s))
+def test_emulated_kernels_match_naive(emulated, rule, shape):
+    check_against_naive(rule, emulated, make_inputs(*shape, torch.float64, "cpu"), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_emulated_steps_equal_forward(emulated, rule):
+    check_steps_equal_forward(rule, emulated, make_inputs(1, 2, 4, 40, 9, torch.float64, "cpu"))
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "B{}H{}T{}E{}M{}".format(*s))
+def test_compiled_kernels_match_naive(compiled, rule, dtype, shape):
+    check_against_naive(rule, compiled, make_inputs(*shape, dtype, "cuda"), TOL[dtype])
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 64, 65), (1, 2, 5, 512, 129)], ids=lambda s: "E{3}M{4}".format(*s))
+def test_compiled_steps_equal_forward(compiled, rule, shape):
+    check_steps_equal_forward(rule, compiled, make_inputs(*shape, torch.float32, "cuda"))
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_public_ops_dispatch_to_the_kernel(compiled, rule, dtype):
+    inputs = make_inputs(2, 4, 45, 64, 65, dtype, "cuda")
+    assert public._cuda_kernel(inputs[0], inputs[2]) is compiled
+    check_against_naive(rule, "public", inputs, TOL[dtype])
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_compiled_split_and_resume_equals_one_call(compiled, rule):
+    q, k, v, beta, s0 = [x.detach() for x in make_inputs(2, 2, 50, 64, 65, torch.float32, "cuda")]
+    o_full, s_full = run(rule, compiled, [q, k, v, beta, s0])
+    halves = [[x[:, :, :19].contiguous() for x in (q, k, v, beta)], [x[:, :, 19:].contiguous() for x in (q, k, v, beta)]]
+    o1, s1 = run(rule, compiled, [*halves[0], s0])
+    o2, s2 = run(rule, compiled, [*halves[1], s1])
+    torch.testing.assert_close(torch.cat([o1, o2], dim=2), o_full, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s2, s_full, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_rejects_bad_inputs_with_clear_messages(compiled):
+    q, k, v, beta, s0 = [x.detach() for x in make_inputs(1, 2, 5, 16, 8, torch.float32, "cuda")]
+    cases = [
+        ((q.cpu(), k, v, s0), "must be a CUDA tensor"),
+        ((q.half(), k, v, s0), "has dtype"),
+        ((q, k, v, s0.double()), "state has dtype"),
+        ((q, k[:, :, :4], v, s0), "k has shape"),
+        ((q.transpose(2, 3).contiguous().transpose(2, 3), k, v, s0), "must be contiguous"),
+        ((q, k, v, s0[..., :4]), "state has shape"),
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            compiled.sum_forward(*args)
+    big = torch.zeros(1, 1, 2, 513, device="cuda")
+    with pytest.raises(RuntimeError, match="E = 513"):
+        compiled.sum_forward(big, big, v[:, :1, :2], torch.zeros(1, 1, 513, 8, device="cuda"))
+    with pytest.raises(RuntimeError, match="expected 1"):
+        compiled.delta_step(q, k, v, beta, s0)
