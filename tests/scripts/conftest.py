@@ -5,6 +5,7 @@ plus a few hand-written lines with quotes, apostrophes, hyphenated compounds and
 (an empty pair, a bad length ratio, control characters, "|") so that every text step has
 something to do.
 """
+import hashlib
 import io
 import os
 import subprocess
@@ -88,3 +89,26 @@ def prepare(work, archives, *extra, **kw):
     """Run the preparation fetching from a file:// mirror of `archives`."""
     return run([sys.executable, SCRIPTS / "prepare_wmt14_en_de.py", "--work-dir", work,
                 "--mirror", archives.as_uri(), "--bpe-merges", "300", "--workers", "2", *extra], **kw)
+
+
+@pytest.fixture(scope="session")
+def checksums(archives, tmp_path_factory):
+    """sha256 of the fixture test archives, replacing sacrebleu's md5 of the real ones."""
+    path = tmp_path_factory.mktemp("sums") / "SHA256SUMS"
+    path.write_text("".join(f"{hashlib.sha256((archives / n).read_bytes()).hexdigest()}  {n}\n"
+                            for n in ("test.tgz", "test-full.tgz")))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(archives, checksums, tmp_path_factory):
+    """(work dir, completed process) of a BPE (300 merges) preparation."""
+    work = tmp_path_factory.mktemp("work")
+    return work, prepare(work, archives, "--checksums", checksums)
+
+
+@pytest.fixture(scope="session")
+def prepared_spm(prepared, archives, checksums):
+    """The sentencepiece variant, in the same work dir (so it reuses the shared steps)."""
+    work, _ = prepared
+    return work, prepare(work, archives, "--checksums", checksums, "--spm", "--spm-vocab-size", "400")

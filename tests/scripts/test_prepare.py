@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -15,22 +14,6 @@ import wmt_text
 from conftest import CORPUS, SCRIPTS, prepare
 
 STEPS = ("extract", "tokenise", "bpe300.learn", "bpe300.apply", "bpe300.clean", "bpe300.preprocess")
-
-
-@pytest.fixture(scope="module")
-def checksums(archives, tmp_path_factory):
-    """sha256 of the fixture test archives, replacing sacrebleu's md5 of the real ones."""
-    path = tmp_path_factory.mktemp("sums") / "SHA256SUMS"
-    path.write_text("".join(f"{hashlib.sha256((archives / n).read_bytes()).hexdigest()}  {n}\n"
-                            for n in ("test.tgz", "test-full.tgz")))
-    return path
-
-
-@pytest.fixture(scope="module")
-def prepared(archives, checksums, tmp_path_factory):
-    work = tmp_path_factory.mktemp("work")
-    proc = prepare(work, archives, "--checksums", checksums)
-    return work, proc
 
 
 def test_pipeline_outputs(prepared):
@@ -78,9 +61,8 @@ def test_rerun_skips_every_step(prepared, archives, checksums):
     assert (work / "data-bin" / "bpe300" / "train.en-de.en.bin").stat().st_mtime_ns == before
 
 
-def test_sentencepiece_variant(prepared, archives, checksums):
-    work, _ = prepared
-    proc = prepare(work, archives, "--checksums", checksums, "--spm", "--spm-vocab-size", "400")
+def test_sentencepiece_variant(prepared_spm):
+    work, proc = prepared_spm
     assert "tokenise: done already, skipping" in proc.stderr  # shared with the BPE run
     dest = work / "data-bin" / "spm400"
     assert json.loads((dest / "wmt_prep.json").read_text())["remove_bpe"] == "sentencepiece"

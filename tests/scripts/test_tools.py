@@ -1,0 +1,105 @@
+"""average_checkpoints.py, wmt_score.py and table1.py on small hand-made inputs."""
+import argparse
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import average_checkpoints
+import table1
+import wmt_score
+import wmt_text
+from conftest import CORPUS, REPO, SCRIPTS
+
+RESULTS = REPO / "tests" / "scripts" / "fixtures" / "results"  # made-up scores
+
+
+def _checkpoint(path, scale):
+    model = {"encoder.fc.weight": torch.full((2, 3), float(scale)),
+             "encoder.half": torch.full((2,), float(scale), dtype=torch.float16),
+             "decoder.layers.0.self_attn.favor.projection": torch.full((4, 2), float(scale)),
+             "decoder.version": torch.tensor([scale])}
+    torch.save({"model": model, "cfg": {"model": argparse.Namespace(arch="transformer_fw_small")},
+                "args": argparse.Namespace(arch="transformer_fw_small"),
+                "last_optimizer_state": {"state": {0: torch.zeros(3)}}}, path)
+
+
+def test_average_checkpoints_last_n_epochs(tmp_path):
+    for epoch in range(1, 6):
+        _checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
+    _checkpoint(tmp_path / "checkpoint_best.pt", 100)  # not an epoch checkpoint: ignored
+    out = tmp_path / "avg.pt"
+    subprocess.run([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", tmp_path,
+                    "-n", "3", "--checkpoint-upper-bound", "4", "--output", out], check=True)
+    state = torch.load(out, weights_only=False)
+    model = state["model"]
+    assert torch.equal(model["encoder.fc.weight"], torch.full((2, 3), 3.0))  # mean of epochs 2, 3, 4
+    assert model["encoder.half"].dtype == torch.float16 and torch.all(model["encoder.half"] == 3.0)
+    # FAVOR+ projections and integer tensors come from the newest epoch (4), not the mean
+    assert torch.equal(model["decoder.layers.0.self_attn.favor.projection"], torch.full((4, 2), 4.0))
+    assert torch.equal(model["decoder.version"], torch.tensor([4]))
+    assert state["args"].arch == "transformer_fw_small" and state["last_optimizer_state"] is None
+
+
+def test_average_checkpoints_refuses_mismatched_models(tmp_path):
+    _checkpoint(tmp_path / "a.pt", 1)
+    torch.save({"model": {"other": torch.zeros(1)}}, tmp_path / "b.pt")
+    with pytest.raises(ValueError, match="different parameters"):
+        average_checkpoints.average([tmp_path / "a.pt", tmp_path / "b.pt"])
+    with pytest.raises(ValueError, match="1 epoch checkpoints, 2 requested"):
+        _checkpoint(tmp_path / "checkpoint7.pt", 7)
+        average_checkpoints.epoch_checkpoints(tmp_path, 2)
+
+
+def test_compound_split_like_the_published_script():
+    assert wmt_score.compound_split("Nord @-@ Süd-Dialog a-b-c") == \
+        "Nord @ ##AT##-##AT## @ Süd ##AT##-##AT## Dialog a ##AT##-##AT## b-c"
+
+
+def test_score_of_the_reference_itself_is_100(tmp_path):
+    """Hypotheses = tokenised references, printed out of order as fairseq-generate does."""
+    refs = (CORPUS / "newstest2014.de").read_text().splitlines()
+    tok = wmt_text.tokenise_lines(refs, "de", train=False)
+    order = list(range(len(tok)))
+    random.Random(0).shuffle(order)
+    gen = tmp_path / "gen.txt"
+    gen.write_text("".join(f"S-{i}\tsrc\nH-{i}\t-0.5\t{tok[i]}\nD-{i}\t-0.5\tx\n" for i in order))
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    (tmp_path / "tok").write_text("\n".join(tok) + "\n")
+    args = ["--gen", gen, "--ref", tmp_path / "ref", "--tok-ref", tmp_path / "tok", "--hyp-out", tmp_path / "hyp",
+            "--out", tmp_path / "r.json", "--config", "c", "--subset", "test", "--checkpoint", "x.pt"]
+    wmt_score.main([str(a) for a in args])
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["tok_bleu"] == 100.0 and result["sacrebleu"] == 100.0
+    # detokenisation restores the original text (sacrebleu scores what people read)
+    assert (tmp_path / "hyp").read_text().splitlines() == refs
+
+    gen.write_text("".join(f"H-{i}\t-0.5\t{tok[i]}\n" for i in order[:-1]))  # one sentence missing
+    with pytest.raises(SystemExit, match="generation incomplete"):
+        wmt_score.main([str(a) for a in args])
+
+
+def test_table1_from_result_files():
+    table = table1.render(table1.read_configs(REPO / "configs" / "wmt14_en_de"),
+                          table1.read_results(RESULTS, "checkpoint_best.pt"), "sacrebleu")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Model")}
+    assert list(rows) == ["Standard", "Linear", "Performer", "DPFP", "DPFP + delta"]
+    # columns: valid 64/256/512, test 64/256/512; cells "ours (paper)"
+    assert rows["Standard"] == ["26.1 (26.6)", "", "", "27.2 (27.7)", "", ""]  # not the averaged 28.4
+    assert rows["Performer"] == ["– (24.2)", "– (24.9)", "– (26.7)", "– (24.4)", "25.6 (25.3)", "– (27.7)"]
+    assert rows["DPFP"] == ["", "25.9 (26.2)", "– (26.2)", "", "26.7 (26.9)", "– (27.1)"]
+    assert rows["DPFP + delta"] == ["", "– (–)", "– (–)", "", "– (–)", "27.0 (–)"]
+    assert "No results yet for: dpfp_nu2_delta, dpfp_nu4, performer_m256, performer_m32" in table
+    assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in table
+
+
+def test_table1_cli_tokenised_bleu_and_other_checkpoints(tmp_path):
+    out = tmp_path / "t.md"
+    subprocess.run([sys.executable, SCRIPTS / "table1.py", "--results", RESULTS, "--metric", "tok_bleu",
+                    "--checkpoint", "avg_last5.pt", "--output", out], check=True)
+    text = out.read_text()
+    assert "| Standard | – (26.6) |  |  | 29.0 (27.7) |" in text and "tokenised BLEU" in text
