@@ -28,3 +28,4 @@ except ImportError:  # the ops (fw_fairseq.ops) are usable without fairseq
     pass
 else:
     from fw_fairseq import models  # noqa: F401  (registers transformer_fw*)
+    from fw_fairseq import tasks  # noqa: F401  (registers fw_lm_stream)
