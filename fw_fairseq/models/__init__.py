@@ -1,3 +1,4 @@
 """fairseq models of the plugin; importing registers them."""
 from fw_fairseq.models import transformer_fw  # noqa: F401
 from fw_fairseq.models import transformer_lm_fw  # noqa: F401
+from fw_fairseq.models import feedback_transformer  # noqa: F401
