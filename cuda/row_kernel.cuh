@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
           red[kRowsPerWarp + r] += w[r][j] * cur.dout[j];
         }
       }
-      warp_allreduce(red);
+      group_allreduce<kWarp>(red);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
           red[r] += w[r][j] * cur.u[j];
         }
       }
-      warp_allreduce(red);
+      group_allreduce<kWarp>(red);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const acc_t bk = cur.beta * cur.k[r];
@@ -150,10 +150,15 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
   }
 }
 
-// Register tiers J for M state columns; false if M > 160.
+// J columns per lane: 32 J >= M. False if M > 160.
+template <int J_>
+struct RowTier {
+  static constexpr int J = J_, kCapacity = kWarp * J_;
+};
+
 template <typename F>
 bool row_tier(int M, F&& f) {
-  return dispatch_tier<1, 2, 3, 4, 5>(M, f);
+  return dispatch_tier<RowTier<1>, RowTier<2>, RowTier<3>, RowTier<4>, RowTier<5>>(M, f);
 }
 
 // Blocks per head for E rows.

@@ -31,7 +31,7 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
                                   dbeta.data_ptr<scalar_t>(),
                                   T, E, M, row_blocks};
     const bool launched = row_tier(M, [&](auto tier) {
-      constexpr int J = decltype(tier)::value;
+      constexpr int J = decltype(tier)::J;
       delta_rows_kernel<scalar_t, acc_t, J, false><<<grid, kRowWarps * kWarp, 0, stream>>>(args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       args.state = ptr_or_null<acc_t>(dfinal);

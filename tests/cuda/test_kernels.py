@@ -23,7 +23,7 @@ TOL = {torch.float64: 1e-12, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.fl
 # 160), E = 384 (DPFP nu = 3), widths that are not multiples of 32 or of the per-block tiles.
 GPU_SHAPES = [(2, 3, 1, 64, 65), (2, 3, 7, 64, 65), (1, 2, 64, 128, 65), (2, 2, 33, 384, 65),
               (1, 2, 257, 512, 129), (1, 1, 50, 16, 3), (1, 2, 17, 100, 160), (3, 1, 40, 33, 1)]
-EMULATED_SHAPES = [(1, 2, 5, 40, 9), (1, 1, 1, 70, 33), (2, 1, 3, 16, 3)]
+EMULATED_SHAPES = [(1, 2, 5, 40, 9), (1, 1, 1, 70, 33), (2, 1, 3, 16, 3), (1, 1, 2, 100, 65), (1, 1, 2, 400, 5)]
 
 
 def make_inputs(B, H, T, E, M, dtype, device, seed=0):

@@ -16,20 +16,20 @@ int emu_col(int mode, const double* q, const double* k, const double* v, const d
             const double* state_in, double* state_out, double* out, double* aux, int heads, int T, int P,
             int Q, int reverse) {
   using namespace fw;
-  const ColArgs<double, double> a{q, k, v, beta, state_in, state_out, out, aux, T, P, Q, col_blocks_per_head(Q),
-                                  reverse != 0};
-  const unsigned grid = heads * col_blocks_per_head(Q);
   const bool ok = col_tier(P, [&](auto tier) {
-    constexpr int R = decltype(tier)::value;
+    using Tier = decltype(tier);
+    const int col_blocks = ceil_div(Q, Tier::kColsPerBlock);
+    const ColArgs<double, double> a{q, k, v, beta, state_in, state_out, out, aux, T, P, Q, col_blocks, reverse != 0};
+    const unsigned grid = heads * col_blocks, block = kColWarps * kWarp;
     switch (static_cast<ColMode>(mode)) {
       case ColMode::kSum:
-        emu::launch(grid, kColWarps * kWarp, [&] { col_kernel<double, double, R, ColMode::kSum>(a); });
+        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kSum>(a); });
         break;
       case ColMode::kDelta:
-        emu::launch(grid, kColWarps * kWarp, [&] { col_kernel<double, double, R, ColMode::kDelta>(a); });
+        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kDelta>(a); });
         break;
       case ColMode::kDeltaGrad:
-        emu::launch(grid, kColWarps * kWarp, [&] { col_kernel<double, double, R, ColMode::kDeltaGrad>(a); });
+        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kDeltaGrad>(a); });
         break;
     }
   });
@@ -44,7 +44,7 @@ int emu_delta_rows(const double* q, const double* k, const double* v, const doub
                             row_blocks_per_head(E)};
   const unsigned grid = heads * row_blocks_per_head(E);
   const bool ok = row_tier(M, [&](auto tier) {
-    constexpr int J = decltype(tier)::value;
+    constexpr int J = decltype(tier)::J;
     emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<double, double, J, false>(a); });
     a.state = dfinal;
     emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<double, double, J, true>(a); });
