@@ -16,8 +16,19 @@ def _allow_fairseq_checkpoints():
     `checkpoint_last.pt` fail with "Unsupported global: argparse.Namespace".
     """
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
-    if add_safe_globals is not None:
-        add_safe_globals([argparse.Namespace])
+    if add_safe_globals is None:  # torch < 2.4 loads fairseq checkpoints as they are
+        return
+    add_safe_globals([argparse.Namespace, *_numpy_globals()])
+
+
+def _numpy_globals():
+    """What numpy arrays pickle as: with --eval-bleu, fairseq stores the BLEU n-gram counts as
+    numpy arrays in every checkpoint's extra_state (so resume and generate need these too)."""
+    import numpy as np
+
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    dtype_classes = {type(np.dtype(t)) for t in np.typecodes["All"] if t not in "OSUVcMm"}
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype, *dtype_classes]
 
 
 _allow_fairseq_checkpoints()
