@@ -84,19 +84,19 @@ METHODS = {
     "sum": {
         "ours_cuda": (lambda q, k, v, b: (q, k, v), lambda q, k, v: public.fast_weight_sum(q, k, v)[0]),
         "ours_chunked": (lambda q, k, v, b: (q, k, v), lambda q, k, v: chunked_sum(q, k, v)[0]),
-        "fla_chunk": (lambda q, k, v, b: seq_first(q, k, v) if FLA_LINEAR else "fla not installed",
+        "fla_chunk": (lambda q, k, v, b: seq_first(q, k, v) if FLA_LINEAR else "not installed",
                       lambda q, k, v: fla_call(FLA_LINEAR, q, k, v, normalize=False)),
-        "fast_transformers": (lambda q, k, v, b: "fast-transformers not installed" if FT_CAUSAL is None
+        "fast_transformers": (lambda q, k, v, b: "not installed" if FT_CAUSAL is None
                               else "float32 only" if q.dtype != torch.float32 else (q, k, v),
                               lambda q, k, v: FT_CAUSAL(q, k, v)),
     },
     "delta": {
         "ours_cuda": (lambda q, k, v, b: (q, k, v, b), lambda q, k, v, b: public.fast_weight_delta(q, k, v, b)[0]),
         "ours_chunked": (lambda q, k, v, b: (q, k, v, b), lambda q, k, v, b: chunked_delta(q, k, v, b)[0]),
-        "fla_chunk": (lambda q, k, v, b: "fla not installed" if FLA_DELTA is None
+        "fla_chunk": (lambda q, k, v, b: "not installed" if FLA_DELTA is None
                       else "bf16 only" if q.dtype == torch.float32 else seq_first(q, k, v, b),
                       lambda q, k, v, b: fla_call(FLA_DELTA, q, k, v, beta=b)),
-        "fla_recurrent": (lambda q, k, v, b: seq_first(q, k, v, b) if FLA_RECURRENT else "fla not installed",
+        "fla_recurrent": (lambda q, k, v, b: seq_first(q, k, v, b) if FLA_RECURRENT else "not installed",
                           lambda q, k, v, b: fla_call(FLA_RECURRENT, q, k, v, beta=b)),
     },
     "softmax": {

@@ -5,10 +5,12 @@
 // and kDeltaGrad passes), every row of W and of G evolves on its own:
 //   W_t[e, :] = W_{t-1}[e, :] + k_t[e] u_t
 //   G_{t-1}[e, :] = G_t[e, :] - beta_t k_t[e] du_t + q_{t-1}[e] do_{t-1}
-// so the split here is over rows, again with no communication: a warp owns kRowsPerWarp rows, lane l holds
-// columns l, l + 32, ..., l + 32 (J - 1) of each. W needs a forward sweep and G a reverse one:
+// so the split here is over rows, again with no communication: a warp owns kRowsPerWarp rows, lane l
+// holds columns l, l + 32, ..., l + 32 (J - 1) of each. W needs a forward sweep and G a reverse one:
 // the forward sweep writes dq, dbeta and dk's W-part to acc_t scratch, the reverse sweep adds G_t u_t.
-// Neither sweep rebuilds a state by subtraction, so errors do not grow with T.
+// Neither sweep rebuilds a state by subtraction, so errors do not grow with T. Each row's sums are
+// needed on one lane only, so they go through a reduce-scatter (7 + 2 shuffles for the forward
+// sweep's 8 sums) rather than one butterfly per sum (40).
 #pragma once
 #include <cstdint>
 
@@ -92,16 +94,8 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
     const int64_t out_row = seq_e + int64_t(t) * E + row0;
 
     if constexpr (!REVERSE) {
-      // red[r] = W_{t-1}[e] . du_t, red[kRowsPerWarp + r] = W_{t-1}[e] . do_t, then do_t . u_t and the
-      // column sum du_t . (v_t - vbar_t) = dbeta_t; W_t[e] . do_t = red[kRowsPerWarp + r] + k_t[e] (do_t . u_t).
-      acc_t red[2 * kRowsPerWarp + 2];
-      red[2 * kRowsPerWarp] = 0;
-      red[2 * kRowsPerWarp + 1] = 0;
-#pragma unroll
-      for (int j = 0; j < J; ++j) {
-        red[2 * kRowsPerWarp] += cur.dout[j] * cur.u[j];
-        red[2 * kRowsPerWarp + 1] += cur.du[j] * cur.dv_bar[j];
-      }
+      // red[r] = W_{t-1}[e] . du_t (before the update), red[kRowsPerWarp + r] = W_t[e] . do_t (after).
+      acc_t red[2 * kRowsPerWarp];
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         red[r] = 0;
@@ -109,20 +103,27 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
 #pragma unroll
         for (int j = 0; j < J; ++j) {
           red[r] += w[r][j] * cur.du[j];
+          w[r][j] += cur.k[r] * cur.u[j];
           red[kRowsPerWarp + r] += w[r][j] * cur.dout[j];
         }
       }
-      group_allreduce<kWarp>(red);
+      if (row0 == 0) {  // one warp per head also sums dbeta_t = du_t . (v_t - vbar_t) over the columns
+        acc_t dbeta[1] = {0};
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-        for (int j = 0; j < J; ++j) w[r][j] += cur.k[r] * cur.u[j];
-        if (lane == r && row0 + r < E) {
-          a.dq[out_row + r] = static_cast<scalar_t>(red[kRowsPerWarp + r] + cur.k[r] * red[2 * kRowsPerWarp]);
-          a.dk_part[out_row + r] = -cur.beta * red[r];
+        for (int j = 0; j < J; ++j) dbeta[0] += cur.du[j] * cur.dv_bar[j];
+        group_allreduce<kWarp>(dbeta);
+        if (lane == 0) a.dbeta[bh * T + t] = static_cast<scalar_t>(dbeta[0]);
+      }
+      constexpr int kLanes = kWarp / (2 * kRowsPerWarp);  // lanes that receive each total
+      const acc_t total = warp_reduce_scatter(red);
+      const int which = lane / kLanes, r = which % kRowsPerWarp;
+      if (lane % kLanes == 0 && row0 + r < E) {
+        if (which < kRowsPerWarp) {
+          a.dk_part[out_row + r] = -cur.beta * total;
+        } else {
+          a.dq[out_row + r] = static_cast<scalar_t>(total);
         }
       }
-      if (row0 == 0 && lane == 0) a.dbeta[bh * T + t] = static_cast<scalar_t>(red[2 * kRowsPerWarp + 1]);
     } else {
       // w is G's rows: add o_t's contribution, read G_t[e] . u_t, then step back to G_{t-1}.
       acc_t red[kRowsPerWarp];
@@ -135,15 +136,17 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
           red[r] += w[r][j] * cur.u[j];
         }
       }
-      group_allreduce<kWarp>(red);
+      const acc_t total = warp_reduce_scatter(red);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const acc_t bk = cur.beta * cur.k[r];
 #pragma unroll
         for (int j = 0; j < J; ++j) w[r][j] -= bk * cur.du[j];
-        if (lane == r && row0 + r < E) {
-          a.dk[out_row + r] = static_cast<scalar_t>(red[r] + a.dk_part[out_row + r]);
-        }
+      }
+      constexpr int kLanes = kWarp / kRowsPerWarp;  // lanes that receive each total
+      const int r = lane / kLanes;
+      if (lane % kLanes == 0 && row0 + r < E) {
+        a.dk[out_row + r] = static_cast<scalar_t>(total + a.dk_part[out_row + r]);
       }
     }
     cur = nxt;

@@ -21,6 +21,30 @@ __device__ __forceinline__ void group_allreduce(T (&x)[N]) {
   }
 }
 
+// Sums each of x[0..N) over the warp (N a power of two <= 32) and returns the total of value
+// lane / (32 / N): value n's total lands on lanes n * 32 / N .. (n + 1) * 32 / N - 1. Each halving
+// step trades half of a lane's values with its partner, so this costs N - 1 + log2(32 / N)
+// shuffles instead of the 5 N of N full butterflies, when each total is needed on one lane only.
+// All 32 lanes must be active; x is clobbered.
+template <int N, typename T>
+__device__ __forceinline__ T warp_reduce_scatter(T (&x)[N]) {
+  static_assert(N >= 1 && N <= kWarp && (N & (N - 1)) == 0, "N: a power of two <= 32");
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int half = N / 2, offset = kWarp / 2; half >= 1; half /= 2, offset /= 2) {
+    const bool upper = lane & offset;  // upper lanes keep the second half, lower ones the first
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const T send = upper ? x[i] : x[i + half];
+      x[i] = (upper ? x[i + half] : x[i]) + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  T total = x[0];
+#pragma unroll
+  for (int offset = kWarp / N / 2; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return total;
+}
+
 // Calls f(Tier{}) for the first listed Tier whose Tier::kCapacity >= n; false if none fits. A lane
 // keeps its share of a length-n vector in a register array, and registers can only be indexed by
 // compile-time constants, so the shapes live in types; the tier lists bound the padding waste.
