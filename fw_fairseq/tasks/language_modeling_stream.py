@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from fairseq import utils
-from fairseq.data import FairseqDataset, data_utils, iterators
+from fairseq.data import (AppendTokenDataset, FairseqDataset, IdDataset, ListDataset,
+                          NestedDictionaryDataset, NumelDataset, PadDataset, PrependTokenDataset,
+                          StripTokenDataset, data_utils, iterators)
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
@@ -130,8 +132,12 @@ class StreamLanguageModelingTask(LanguageModelingTask):
                            num_shards=1, shard_id=0, num_workers=0, epoch=1, data_buffer_size=0,
                            disable_iterator_cache=False, skip_remainder_batch=False,
                            grouped_shuffling=False, update_epoch_batch_itr=False):
-        if not isinstance(dataset, TokenStream):
-            raise TypeError("fw_lm_stream batches TokenStream datasets only")
+        if not isinstance(dataset, TokenStream):  # fairseq-interactive's prompts
+            return super().get_batch_iterator(
+                dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
+                required_batch_size_multiple, seed, num_shards, shard_id, num_workers, epoch,
+                data_buffer_size, disable_iterator_cache, skip_remainder_batch,
+                grouped_shuffling, update_epoch_batch_itr)
         if not max_sentences:
             raise ValueError("fw_lm_stream needs --batch-size (and --batch-size-valid): the "
                              "number of parallel streams")
@@ -174,3 +180,19 @@ class StreamLanguageModelingTask(LanguageModelingTask):
             num_workers=num_workers, data_buffer_size=data_buffer_size).next_epoch_itr(
             shuffle=False)
         return _AttachState(iterator, self.attach_state)
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, **kwargs):
+        """fairseq-interactive's prompts, as LanguageModelingTask builds them (eos + prompt as
+        source, prompt + pad as target) but without TokenBlockDataset: its "eos" mode, an
+        identity on one-line prompts, calls np.compat, which numpy 2 removed."""
+        eos, pad = self.source_dictionary.eos(), self.source_dictionary.pad()
+        prompts = StripTokenDataset(ListDataset(src_tokens, np.array(src_lengths)), eos)
+        source = PrependTokenDataset(prompts, token=self.source_dictionary.bos()
+                                     if getattr(self.args, "add_bos_token", False) else eos)
+        return NestedDictionaryDataset({
+            "id": IdDataset(),
+            "net_input": {"src_tokens": PadDataset(source, pad_idx=pad, left_pad=False),
+                          "src_lengths": NumelDataset(source, reduce=False)},
+            "target": PadDataset(AppendTokenDataset(prompts, token=pad), pad_idx=pad,
+                                 left_pad=False),
+        }, sizes=[np.array(src_lengths)])
