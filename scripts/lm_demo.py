@@ -123,7 +123,7 @@ def evaluate(work, name, checkpoint):
     return round(2 ** loss, 3)
 
 
-def sample(work, name, checkpoint, prompt="This License", length=120):
+def sample(work, name, checkpoint, prompt="This License", length=60):
     """A sampled continuation of `prompt`. fw_lm_stream builds the prompt like language_modeling
     does, avoiding fairseq's TokenBlockDataset code that numpy 2 broke (np.compat)."""
     log = work / f"sample.{name}.log"
