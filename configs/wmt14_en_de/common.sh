@@ -22,6 +22,8 @@ TRAIN_ARGS=(
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
   --dropout 0.3 --weight-decay 0.0
   --max-tokens 3584 --max-epoch 45
+  # validation BLEU (checkpoint selection) must see all of newstest2013: see GENERATE_ARGS
+  --required-batch-size-multiple 1
   --eval-bleu --eval-bleu-args '{"beam": 4, "lenpen": 0.6}'
   --eval-bleu-detok moses --eval-bleu-detok-args '{"target_lang": "de"}'
   --best-checkpoint-metric bleu --maximize-best-checkpoint-metric

@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
-from fw_fairseq.ops import (FavorPlus, dpfp, elu_plus_one, fast_weight_delta, fast_weight_read,
-                            fast_weight_sum, fast_weight_write, sum_normalize)
+from fw_fairseq.ops import (FavorPlus, dpfp, elu_plus_one, fast_weight_attend, fast_weight_delta,
+                            fast_weight_read, fast_weight_sum, fast_weight_write, sum_normalize)
 
 # Added to z . phi(q) so a query whose features miss every key (DPFP is sparse) reads zero.
 DENOMINATOR_EPS = 1e-6
@@ -154,10 +154,13 @@ class FastWeightAttention(nn.Module):
         dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         with torch.autocast(device_type=query.device.type, enabled=False):
             phi_q = self._phi(self._split_heads(q, dtype), is_query=True)
-            if self.encoder_decoder_attention or not self.causal:
+            if (self.encoder_decoder_attention or not self.causal) and buffer is None:
+                # training / scoring: no memory to keep, so the ops may pick (q k^T) v for short T
+                o = fast_weight_attend(phi_q, *self._writes(*writes, key_padding_mask, dtype))
+            elif self.encoder_decoder_attention or not self.causal:
                 if memory is None:
                     memory = fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
-                if buffer is not None and self.encoder_decoder_attention:
+                if self.encoder_decoder_attention:
                     buffer["memory"] = memory  # the source is fixed: build its memory once
                     self._set_input_buffer(incremental_state, buffer)
                 o = fast_weight_read(phi_q, memory)

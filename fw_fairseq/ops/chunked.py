@@ -48,16 +48,22 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
     """
     out_dtype, T = q.dtype, q.shape[2]
     dtype = state_dtype(out_dtype)
-    S0 = _initial(k, v, initial_state, dtype)  # [B, H, E, M]
     C = min(chunk_size, T)  # a short sequence (decoding: T = 1) is one small chunk, not padding
     Q, K, V = (_to_chunks(x.to(dtype), C) for x in (q, k, v))  # [B, H, N, C, E|M]
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # [C, C], s <= t
     scores = (Q @ K.transpose(-1, -2)).masked_fill(~causal, 0.0)  # [B, H, N, C, C]
+    o = scores @ V  # [B, H, N, C, M], the intra-chunk part
+    if Q.shape[2] == 1 and initial_state is None:
+        # One chunk and no past (training on MT-length sentences): no state is needed to read,
+        # and an [E, M] state per head costs more than the T x T scores when T < E, M.
+        o = _from_chunks(o, T).to(out_dtype)
+        return o, ((K[:, :, 0].transpose(-1, -2) @ V[:, :, 0]) if output_final_state else None)
+    S0 = _initial(k, v, initial_state, dtype)  # [B, H, E, M]
     kv = K.transpose(-1, -2) @ V  # [B, H, N, E, M], what chunk n writes
     inclusive = kv.cumsum(dim=2)  # [B, H, N, E, M], written by chunks <= n
     # exclusive prefix by shifting (not inclusive - kv, which would cancel catastrophically)
     before = S0[:, :, None] + F.pad(inclusive[:, :, :-1], (0, 0, 0, 0, 1, 0))  # [B, H, N, E, M]
-    o = Q @ before + scores @ V  # [B, H, N, C, M]
+    o = Q @ before + o  # [B, H, N, C, M]
     o = _from_chunks(o, T).to(out_dtype)  # [B, H, T, M]
     return o, (S0 + inclusive[:, :, -1] if output_final_state else None)
 
@@ -82,25 +88,36 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)  # [C, C], s < t
     A = (rhs[..., :E] @ K.transpose(-1, -2)).masked_fill(~strict, 0.0)  # [BH, N, C, C], tril(diag(beta) K K^T, -1)
     A = A + torch.eye(C, dtype=dtype, device=k.device)
-    # [W U] = A^{-1} diag(beta) [K V]: one unit-lower-triangular solve instead of forming T
-    W, U = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True).split([E, v.shape[-1]], dim=-1)
+    # [W U] = A^{-1} diag(beta) [K V]: one unit-lower-triangular solve instead of forming T.
+    # W only ever multiplies a nonzero state: one chunk with no initial state needs U alone.
+    if K.shape[1] == 1 and initial_state is None:
+        rhs = rhs[..., E:]
+    WU = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)  # [BH, N, C, (E+)M]
+    W, U = WU[..., :-v.shape[-1]], WU[..., -v.shape[-1]:]  # W: [BH, N, C, E or 0]
     if q is not None:
         Q = _to_chunks(q.to(dtype), C).flatten(0, 1)  # [BH, N, C, E]
         inclusive = strict | torch.eye(C, dtype=torch.bool, device=k.device)  # [C, C], s <= t
         scores = (Q @ K.transpose(-1, -2)).masked_fill(~inclusive, 0.0)  # [BH, N, C, C]
-        W = torch.cat([W, Q], dim=-2)  # [BH, N, 2C, E]: W S and Q S in one matmul per chunk
-    S = _initial(k, v, initial_state, dtype).flatten(0, 1)  # [BH, E, M]
+        if W.shape[-1]:  # (an empty W is never multiplied: see above)
+            W = torch.cat([W, Q], dim=-2)  # [BH, N, 2C, E]: W S and Q S in one matmul per chunk
+    # S is None while the state is still zero (no initial state): the first chunk skips W S, Q S.
+    S = None if initial_state is None else initial_state.to(dtype).flatten(0, 1)  # [BH, E, M]
     # unbind, not X[:, n]: the backward of N index ops would build N full-size zero gradients
-    steps = zip(W.unbind(1), U.unbind(1), K.unbind(1), *([] if q is None else [scores.unbind(1)]))
+    steps = list(zip(W.unbind(1), U.unbind(1), K.unbind(1), *([] if q is None else [scores.unbind(1)])))
     outputs = []
-    for W_n, U_n, K_n, *scores_n in steps:  # [BH, C or 2C, E], [BH, C, M], [BH, C, E], [BH, C, C]
-        WS = W_n @ S  # [BH, C or 2C, M]
-        u = U_n - WS[:, :C]  # [BH, C, M], the effective per-position writes
-        if q is not None:
-            outputs.append(torch.baddbmm(WS[:, C:], scores_n[0], u))  # [BH, C, M] = Q S + tril(Q K^T) u
-        S = torch.baddbmm(S, K_n.transpose(-1, -2), u)  # [BH, E, M]
-    S = S.unflatten(0, (B, H))  # [B, H, E, M]
+    for n, (W_n, U_n, K_n, *scores_n) in enumerate(steps):  # [BH, C or 2C, E], [BH, C, M], [BH, C, E], [BH, C, C]
+        WS = None if S is None else W_n @ S  # [BH, C or 2C, M]
+        u = U_n if WS is None else U_n - WS[:, :C]  # [BH, C, M], the effective per-position writes
+        if q is not None:  # [BH, C, M] = Q S + tril(Q K^T) u
+            outputs.append(scores_n[0] @ u if WS is None else torch.baddbmm(WS[:, C:], scores_n[0], u))
+        if n + 1 < len(steps) or output_final_state:
+            S = K_n.transpose(-1, -2) @ u if S is None else torch.baddbmm(S, K_n.transpose(-1, -2), u)
+    if not output_final_state:
+        S = None
+    elif S is None:  # nothing was written and no initial state: still return the zero state
+        S = _initial(k, v, None, dtype).flatten(0, 1)
+    S = None if S is None else S.unflatten(0, (B, H))  # [B, H, E, M]
     if q is None:
-        return None, (S if output_final_state else None)
+        return None, S
     o = torch.stack(outputs, dim=1).unflatten(0, (B, H))  # [B, H, N, C, M]
-    return _from_chunks(o, T).to(out_dtype), (S if output_final_state else None)
+    return _from_chunks(o, T).to(out_dtype), S

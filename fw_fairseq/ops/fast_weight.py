@@ -74,6 +74,26 @@ def fast_weight_read(q, state):
     return torch.einsum("bhte,bhem->bhtm", q.to(state.dtype), state).to(q.dtype)
 
 
+def fast_weight_attend(q, k, v, beta=None):
+    """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta)).
+
+    Same function, cheaper order where it exists: for the sum rule, when Tq*T*(E+M) is below
+    (Tq+T)*E*M (short sentences: T < E, M), o = (q k^T) v never forms the [E, M] memory.
+    q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta [B, H, T] or None -> o [B, H, Tq, M].
+    """
+    _, k, v, beta, _ = _check_causal("fast_weight_attend", k, k, v, beta, None, names=("k", "k", "v"))
+    _check_tensor("fast_weight_attend", "q", q, 4, "[B, H, Tq, E]")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"fast_weight_attend: q has shape {tuple(q.shape)}, expected "
+                         f"[B, H, Tq, E] with B, H, E of k's {tuple(k.shape)}")
+    Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
+    if beta is None and Tq * T * (E + M) < (Tq + T) * E * M:
+        dtype = state_dtype(q.dtype)
+        scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
+        return (scores @ v.to(dtype)).to(q.dtype)  # [B, H, Tq, M]
+    return fast_weight_read(q, fast_weight_write(k, v, beta))
+
+
 def _cuda_kernel(q, v):
     """The single dispatch decision: the compiled extension if it can run these inputs, else None
     (chunked path). Falling back on a CUDA tensor is logged once per reason."""

@@ -1,0 +1,37 @@
+"""fast_weight_attend: the non-causal read of all writes, in whichever order is cheaper, is the same
+function as naive_noncausal for outputs and gradients (float64), on both sides of the cost switch."""
+import pytest
+import torch
+
+from fw_fairseq.ops import fast_weight_attend
+from fw_fairseq.ops.naive import naive_noncausal
+
+
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("T,Tq,E,M", [(5, 3, 16, 9),     # short: (q k^T) v
+                                      (80, 70, 4, 3),    # long, narrow: q (k^T v)
+                                      (1, 1, 8, 5)])
+def test_attend_matches_naive_noncausal_outputs_and_grads(make_inputs, delta, T, Tq, E, M):
+    _, k, v, beta, _ = make_inputs(T=T, E=E, M=M, requires_grad=True)
+    q = make_inputs(T=Tq, E=E, M=M, seed=5, requires_grad=True)[0]
+    b = beta if delta else None
+    ours, ref = fast_weight_attend(q, k, v, b), naive_noncausal(q, k, v, b)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    inputs = [q, k, v] + ([beta] if delta else [])
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, inputs, upstream),
+                             torch.autograd.grad(ref, inputs, upstream)):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-11)
+
+
+def test_attend_gradcheck(make_inputs):
+    _, k, v, _, _ = make_inputs(B=1, H=1, T=4, E=6, M=3, requires_grad=True)
+    q = make_inputs(B=1, H=1, T=3, E=6, M=3, seed=2, requires_grad=True)[0]
+    assert torch.autograd.gradcheck(fast_weight_attend, (q, k, v))
+
+
+def test_attend_rejects_mismatched_query(make_inputs):
+    _, k, v, _, _ = make_inputs(E=8)
+    q = make_inputs(E=6, M=5, seed=1)[0]
+    with pytest.raises(ValueError, match="fast_weight_attend: q has shape"):
+        fast_weight_attend(q, k, v)
