@@ -143,7 +143,9 @@ def translate(work, name, checkpoint):
     out = work / f"generate.{name}.txt"
     run([BIN / "fairseq-generate", work / "data-bin", "--user-dir", REPO / "fw_fairseq",
          "--path", checkpoint, "--gen-subset", "test", "--beam", "4", "--lenpen", "0.6",
-         "--batch-size", "64", "--required-batch-size-multiple", "1", "--remove-bpe"], log=out)
+         "--batch-size", "64", "--required-batch-size-multiple", "1", "--remove-bpe",
+         # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
+         "--max-len-a", "1.2", "--max-len-b", "10"], log=out)
     hyps = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", out.read_text(), flags=re.M))
     detok = MosesDetokenizer(lang="de")
     return [detok.detokenize(hyps[str(i)].split()) for i in range(len(hyps))]
