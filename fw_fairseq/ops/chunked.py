@@ -121,3 +121,30 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
         return None, S
     o = torch.stack(outputs, dim=1).unflatten(0, (B, H))  # [B, H, N, C, M]
     return _from_chunks(o, T).to(out_dtype), S
+
+
+def step_sum(q, k, v, initial_state=None, output_final_state=False):
+    """T = 1 (a decoding step): S + k v^T, o = q S, without the chunk machinery's small-op overhead.
+
+    q, k [B, H, 1, E]; v [B, H, 1, M]; state [B, H, E, M]. Same function as chunked_sum at T = 1.
+    """
+    out_dtype, dtype = q.dtype, state_dtype(q.dtype)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    S = k.transpose(-1, -2) @ v  # [B, H, E, M]
+    if initial_state is not None:
+        S = initial_state.to(dtype) + S
+    return (q @ S).to(out_dtype), (S if output_final_state else None)
+
+
+def step_delta(q, k, v, beta, initial_state=None, output_final_state=False):
+    """T = 1 delta rule: u = beta (v - k S), S + k^T u, o = q S. Same function as chunked_delta at T = 1."""
+    out_dtype, dtype = q.dtype, state_dtype(q.dtype)
+    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
+    u = beta[..., None] * v  # [B, H, 1, M]
+    if initial_state is not None:
+        S0 = initial_state.to(dtype)
+        u = u - beta[..., None] * (k @ S0)  # beta (v - W_{t-1}^T k)
+    S = k.transpose(-1, -2) @ u  # [B, H, E, M]
+    if initial_state is not None:
+        S = S0 + S
+    return (q @ S).to(out_dtype), (S if output_final_state else None)

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from .chunked import chunked_delta, chunked_sum, state_dtype
+from .chunked import chunked_delta, chunked_sum, state_dtype, step_delta, step_sum
 from .cuda_functions import cuda_delta, cuda_sum
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,9 @@ def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
     q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, None, initial_state)
     ext = _cuda_kernel(q, v)
-    if ext is None:
-        return chunked_sum(q, k, v, state0, output_final_state)
+    if ext is None:  # a decoding step (T = 1) skips the chunk machinery
+        step = step_sum if q.shape[2] == 1 else chunked_sum
+        return step(q, k, v, state0, output_final_state)
     o, state = cuda_sum(ext, q, k, v, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
@@ -42,7 +43,8 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
     q, k, v, beta, state0 = _check_causal("fast_weight_delta", q, k, v, beta, initial_state)
     ext = _cuda_kernel(q, v)
     if ext is None:
-        return chunked_delta(q, k, v, beta, state0, output_final_state)
+        step = step_delta if q.shape[2] == 1 else chunked_delta
+        return step(q, k, v, beta, state0, output_final_state)
     o, state = cuda_delta(ext, q, k, v, beta, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
