@@ -67,9 +67,13 @@ def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int):
                          "--batch-size", batch, "--required-batch-size-multiple", "1",
                          "--min-len", length, "--max-len-a", "0", "--max-len-b", length,
                          "--max-target-positions", length + 8, "--quiet"])
-    match = re.search(r"Translated (\d+) sentences \((\d+) tokens\) in ([0-9.]+)s", out)
-    tokens, seconds = int(match.group(2)), float(match.group(3))
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+    # "Translated 4 sentences (1,024 tokens) in 12.3s (0.33 sentences/s, 83.25 tokens/s)"
+    match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([0-9.]+)s "
+                      r"\([0-9.]+ sentences/s, ([0-9.]+) tokens/s\)", out)
+    if match is None:
+        raise RuntimeError(f"fairseq-generate printed no summary:\n{out[-3000:]}")
+    tokens, seconds = int(match.group(2).replace(",", "")), float(match.group(3))
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": float(match.group(4)),
             "peak_rss_mib": peak_mib}
 
 

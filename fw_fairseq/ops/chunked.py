@@ -123,6 +123,17 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     return _from_chunks(o, T).to(out_dtype), S
 
 
+def _add_outer(S0, k, u):
+    """S0 + k^T u over [B, H] in one fused baddbmm (no temporary [B, H, E, M] outer product).
+
+    S0 [B, H, E, M] or None; k [B, H, 1, E]; u [B, H, 1, M] -> [B, H, E, M]."""
+    B, H, _, E = k.shape
+    kt, ut = k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, -1)  # [BH, E, 1], [BH, 1, M]
+    if S0 is None:
+        return (kt @ ut).view(B, H, E, -1)
+    return torch.baddbmm(S0.reshape(B * H, E, -1), kt, ut).view(B, H, E, -1)
+
+
 def step_sum(q, k, v, initial_state=None, output_final_state=False):
     """T = 1 (a decoding step): S + k v^T, o = q S, without the chunk machinery's small-op overhead.
 
@@ -130,9 +141,8 @@ def step_sum(q, k, v, initial_state=None, output_final_state=False):
     """
     out_dtype, dtype = q.dtype, state_dtype(q.dtype)
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    S = k.transpose(-1, -2) @ v  # [B, H, E, M]
-    if initial_state is not None:
-        S = initial_state.to(dtype) + S
+    S0 = None if initial_state is None else initial_state.to(dtype)
+    S = _add_outer(S0, k, v)  # [B, H, E, M]
     return (q @ S).to(out_dtype), (S if output_final_state else None)
 
 
@@ -140,11 +150,7 @@ def step_delta(q, k, v, beta, initial_state=None, output_final_state=False):
     """T = 1 delta rule: u = beta (v - k S), S + k^T u, o = q S. Same function as chunked_delta at T = 1."""
     out_dtype, dtype = q.dtype, state_dtype(q.dtype)
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
-    u = beta[..., None] * v  # [B, H, 1, M]
-    if initial_state is not None:
-        S0 = initial_state.to(dtype)
-        u = u - beta[..., None] * (k @ S0)  # beta (v - W_{t-1}^T k)
-    S = k.transpose(-1, -2) @ u  # [B, H, E, M]
-    if initial_state is not None:
-        S = S0 + S
+    S0 = None if initial_state is None else initial_state.to(dtype)
+    u = v if S0 is None else v - k @ S0  # [B, H, 1, M]: v - W_{t-1}^T k
+    S = _add_outer(S0, k, beta[..., None] * u)  # [B, H, E, M]
     return (q @ S).to(out_dtype), (S if output_final_state else None)
