@@ -157,13 +157,14 @@ class FastWeightAttention(nn.Module):
             if (self.encoder_decoder_attention or not self.causal) and buffer is None:
                 # training / scoring: no memory to keep, so the ops may pick (q k^T) v for short T
                 o = fast_weight_attend(phi_q, *self._writes(*writes, key_padding_mask, dtype))
-            elif self.encoder_decoder_attention or not self.causal:
-                if memory is None:
-                    memory = fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
-                if self.encoder_decoder_attention:
-                    buffer["memory"] = memory  # the source is fixed: build its memory once
+            elif self.encoder_decoder_attention:
+                if memory is None:  # the source is fixed: build its memory once per sentence
+                    memory = self._source_memory(writes, key_padding_mask, dtype)
+                    buffer["memory"] = memory
                     self._set_input_buffer(incremental_state, buffer)
-                o = fast_weight_read(phi_q, memory)
+                o = self._read_per_sentence(phi_q, memory)
+            elif not self.causal:  # (fairseq's encoder keeps no incremental state)
+                o = fast_weight_attend(phi_q, *self._writes(*writes, key_padding_mask, dtype))
             else:
                 o = self._causal(phi_q, self._writes(*writes, key_padding_mask, dtype),
                                  buffer, incremental_state)
@@ -184,15 +185,53 @@ class FastWeightAttention(nn.Module):
             self._set_input_buffer(incremental_state, buffer)
         return o
 
+    # ------------------------------------------------------------ beam search
+
+    def set_beam_size(self, beam_size: int):
+        """fairseq's generator lays out hypotheses as [sentence, beam] on the batch dim; the
+        source memory is the same for a sentence's beams, so it is kept once per sentence."""
+        self.beam_size = beam_size
+
+    def _source_memory(self, writes, key_padding_mask, dtype) -> Tensor:
+        """Cross-attention memory [B / beam, H, E, D(+1)] from the encoder rows of each sentence."""
+        beam = getattr(self, "beam_size", 1)
+        if beam > 1:
+            writes = tuple(w if w is None else w[:, ::beam] for w in writes)  # [S, B/beam, *]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[::beam]
+        return fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
+
+    def _read_per_sentence(self, phi_q: Tensor, memory: Tensor) -> Tensor:
+        """Every hypothesis reads its sentence's memory: phi_q [B, H, T, E] -> [B, H, T, D(+1)]."""
+        sentences, beam = memory.shape[0], phi_q.shape[0] // memory.shape[0]
+        if beam == 1:
+            return fast_weight_read(phi_q, memory)
+        bsz, heads, length, width = phi_q.shape
+        # [B, H, T, E] -> [B/beam, beam, H, T, E] -> [B/beam, H, beam*T, E]: one read per sentence
+        q = phi_q.view(sentences, beam, heads, length, width).transpose(1, 2)
+        o = fast_weight_read(q.reshape(sentences, heads, beam * length, width), memory)
+        o = o.view(sentences, heads, beam, length, -1).transpose(1, 2)  # [B/beam, beam, H, T, D]
+        return o.reshape(bsz, heads, length, -1)
+
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):
-        """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor."""
+        """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor.
+
+        The per-sentence source memory moves only when whole sentences finish and leave the batch.
+        """
         buffer = self._get_input_buffer(incremental_state)
-        if buffer:
-            for name, tensor in buffer.items():
-                if tensor is not None:
-                    buffer[name] = tensor.index_select(0, new_order)
-            self._set_input_buffer(incremental_state, buffer)
+        if not buffer:
+            return
+        beam = getattr(self, "beam_size", 1)
+        for name, tensor in buffer.items():
+            if tensor is None:
+                continue
+            if name == "memory" and beam > 1:  # rows are sentences: [sentence, beam] layout
+                if tensor.size(0) * beam != new_order.size(0):
+                    buffer[name] = tensor.index_select(0, new_order.view(-1, beam)[:, 0] // beam)
+            else:
+                buffer[name] = tensor.index_select(0, new_order)
+        self._set_input_buffer(incremental_state, buffer)
 
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
         result = self.get_incremental_state(incremental_state, "fw_state")
