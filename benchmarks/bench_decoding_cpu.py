@@ -56,7 +56,7 @@ def make_data(root: Path, sentences: int):
 def train(root: Path, name: str, arch: str, fw):
     save = root / re.sub(r"\W+", "_", name)
     run([BIN / "fairseq-train", root / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", arch,
-         *fw, "--optimizer", "adam", "--lr", "1e-4", "--max-tokens", "2048", "--max-update", "1",
+         *fw, "--max-target-positions", "1100", "--optimizer", "adam", "--lr", "1e-4", "--max-tokens", "2048", "--max-update", "1",
          "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
     return save / "checkpoint_last.pt"
 
@@ -66,7 +66,7 @@ def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int):
                          "--path", checkpoint, "--gen-subset", "test", "--beam", beam,
                          "--batch-size", batch, "--required-batch-size-multiple", "1",
                          "--min-len", length, "--max-len-a", "0", "--max-len-b", length,
-                         "--max-target-positions", length + 8, "--quiet"])
+                         "--quiet"])
     # "Translated 4 sentences (1,024 tokens) in 12.3s (0.33 sentences/s, 83.25 tokens/s)"
     match = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([0-9.]+)s "
                       r"\([0-9.]+ sentences/s, ([0-9.]+) tokens/s\)", out)
