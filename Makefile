@@ -13,7 +13,7 @@ setup: $(STAMP)
 # instead of fetching a second torch; fairseq-fixed's own deps are pinned in requirements.txt.
 $(STAMP): requirements.txt setup.py
 	$(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip setuptools wheel
+	$(VPY) -m pip install -q pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	$(VPY) -m pip install -q -r requirements.txt
 	$(VPY) -m pip install -q --no-deps --no-build-isolation $(FAIRSEQ)
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
