@@ -45,6 +45,7 @@ class FastWeightAttention(nn.Module):
         self.vdim = vdim or embed_dim
         self.causal = causal
         self.encoder_decoder_attention = encoder_decoder_attention
+        self.beam_size = 1  # set by fairseq's generator (set_beam_size)
         self.feature_map = config.feature_map
         self.update_rule = config.update_rule
 
@@ -147,23 +148,28 @@ class FastWeightAttention(nn.Module):
             self.favor.redraw()  # once per forward, shared by this layer's queries and keys
         q = self.q_proj(query)
         buffer = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        memory = buffer.get("memory") if buffer is not None else None
-        writes = self._project_writes(key) if memory is None else None
+        cached = self.encoder_decoder_attention and buffer is not None  # generation: keep the memory
+        memory = buffer.get("memory") if cached else None
+        if memory is None:
+            if cached and self.beam_size > 1:  # a sentence's beams share its source: write it once
+                key = key[:, ::self.beam_size]  # [S, B / beam, C]
+                if key_padding_mask is not None:
+                    key_padding_mask = key_padding_mask[::self.beam_size]
+            writes = self._project_writes(key)
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
         dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         with torch.autocast(device_type=query.device.type, enabled=False):
             phi_q = self._phi(self._split_heads(q, dtype), is_query=True)
-            if (self.encoder_decoder_attention or not self.causal) and buffer is None:
-                # training / scoring: no memory to keep, so the ops may pick (q k^T) v for short T
-                o = fast_weight_attend(phi_q, *self._writes(*writes, key_padding_mask, dtype))
-            elif self.encoder_decoder_attention:
+            if cached:
                 if memory is None:  # the source is fixed: build its memory once per sentence
-                    memory = self._source_memory(writes, key_padding_mask, dtype)
-                    buffer["memory"] = memory
+                    memory = fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
+                    buffer["memory"] = memory  # [B / beam, H, E, D(+1)]
                     self._set_input_buffer(incremental_state, buffer)
                 o = self._read_per_sentence(phi_q, memory)
-            elif not self.causal:  # (fairseq's encoder keeps no incremental state)
+            elif not self.causal:
+                # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
+                # may pick (q k^T) v for short sequences
                 o = fast_weight_attend(phi_q, *self._writes(*writes, key_padding_mask, dtype))
             else:
                 o = self._causal(phi_q, self._writes(*writes, key_padding_mask, dtype),
@@ -192,15 +198,6 @@ class FastWeightAttention(nn.Module):
         source memory is the same for a sentence's beams, so it is kept once per sentence."""
         self.beam_size = beam_size
 
-    def _source_memory(self, writes, key_padding_mask, dtype) -> Tensor:
-        """Cross-attention memory [B / beam, H, E, D(+1)] from the encoder rows of each sentence."""
-        beam = getattr(self, "beam_size", 1)
-        if beam > 1:
-            writes = tuple(w if w is None else w[:, ::beam] for w in writes)  # [S, B/beam, *]
-            if key_padding_mask is not None:
-                key_padding_mask = key_padding_mask[::beam]
-        return fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
-
     def _read_per_sentence(self, phi_q: Tensor, memory: Tensor) -> Tensor:
         """Every hypothesis reads its sentence's memory: phi_q [B, H, T, E] -> [B, H, T, D(+1)]."""
         sentences, beam = memory.shape[0], phi_q.shape[0] // memory.shape[0]
@@ -222,7 +219,7 @@ class FastWeightAttention(nn.Module):
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return
-        beam = getattr(self, "beam_size", 1)
+        beam = self.beam_size
         for name, tensor in buffer.items():
             if tensor is None:
                 continue
