@@ -1,0 +1,91 @@
+"""Autograd function of the chunked causal sum rule, with a hand-written backward.
+
+Letting autograd differentiate the chunk form costs a zero-padded shift, a cumsum along the
+(strided) chunk axis and their backward copies — more time than the matmuls on a CPU. Here the
+forward saves the scores and the state before every chunk, and the backward is the transposed
+chunk form (derivation: fw_fairseq/ops/README.md §1):
+
+    forward:  P = tril(Q Kᵀ);  O = P V + Q S_n;  S_{n+1} = S_n + Kᵀ V
+    backward: dP = tril(dO Vᵀ);  G_n = dS_final + Σ_{m>n} Q_mᵀ dO_m  (grad of S_{n+1})
+              dQ = dP K + dO S_nᵀ;  dK = dPᵀ Q + V G_nᵀ;  dV = Pᵀ dO + K G_n;  dS_0 = G_0 + Q_0ᵀ dO_0
+
+Shapes, head-major (a plain view of [B, H, T, D] when C divides T): G = B·H heads, N chunks of C
+positions. Q, K [G, N, C, E]; V [G, N, C, M]; states [G, N, E, M]; batched matmuls run on [G·N, C, D]
+views, and the loops over chunks read strided [G, E, M] slices (no in-place matmul writes into them).
+"""
+import torch
+
+
+def _prefix_states(writes, S0):
+    """Exclusive running sum along the chunk axis: states[:, n] = S0 + Σ_{m<n} writes[:, m].
+
+    writes [G, N, E, M]; S0 [G, E, M] or None (zero). Returns (states [G, N, E, M], final [G, E, M]).
+    A loop of N vectorised adds: torch.cumsum along a middle axis is several times slower.
+    """
+    states = torch.empty_like(writes)
+    if S0 is None:
+        states[:, 0].zero_()
+    else:
+        states[:, 0].copy_(S0)
+    for n in range(1, writes.shape[1]):
+        torch.add(states[:, n - 1], writes[:, n - 1], out=states[:, n])
+    return states, states[:, -1] + writes[:, -1]
+
+
+class ChunkedSum(torch.autograd.Function):
+    """(o [G, N, C, M], final state [G, E, M] or None) = causal sum rule over chunked inputs."""
+
+    @staticmethod
+    def forward(ctx, Q, K, V, S0, need_final):
+        G, N, C, E = K.shape
+        M = V.shape[-1]
+        Q_, K_, V_ = Q.view(G * N, C, E), K.view(G * N, C, E), V.view(G * N, C, M)
+        P = torch.bmm(Q_, K_.transpose(1, 2)).tril_()  # [GN, C, C], s <= t
+        o = torch.bmm(P, V_)  # [GN, C, M], the intra-chunk part
+        states, final = None, None
+        if N > 1 or S0 is not None:
+            writes = torch.bmm(K_.transpose(1, 2), V_).view(G, N, E, M)  # what chunk n writes
+            states, final = _prefix_states(writes, S0)
+            o.baddbmm_(Q_, states.view(G * N, E, M))  # + Q S_n
+        elif need_final:  # one chunk, no past: the state is only needed as an output
+            final = torch.bmm(K_.transpose(1, 2), V_)  # [G, E, M]
+        ctx.save_for_backward(Q, K, V, P, states)
+        ctx.has_S0 = S0 is not None
+        ctx.set_materialize_grads(False)
+        return o.view(G, N, C, M), (final if need_final else None)
+
+    @staticmethod
+    def backward(ctx, dO, dS_final):
+        Q, K, V, P, states = ctx.saved_tensors
+        G, N, C, E = K.shape
+        M = V.shape[-1]
+        Q_, K_, V_ = Q.view(G * N, C, E), K.view(G * N, C, E), V.view(G * N, C, M)
+        if dO is None:
+            dO_ = V_.new_zeros(G * N, C, M)
+        else:
+            dO_ = dO.contiguous().view(G * N, C, M)
+        dP = torch.bmm(dO_, V_.transpose(1, 2)).tril_()  # [GN, C, C]
+        dQ = torch.bmm(dP, K_)  # [GN, C, E]
+        dK = torch.bmm(dP.transpose(1, 2), Q_)  # [GN, C, E]
+        dV = torch.bmm(P.transpose(1, 2), dO_)  # [GN, C, M]
+        dS0 = None
+        if states is not None:
+            dQ.baddbmm_(dO_, states.view(G * N, E, M).transpose(1, 2))
+            reads = torch.bmm(Q_.transpose(1, 2), dO_).view(G, N, E, M)  # Q_nᵀ dO_n, grad of S_n from O
+            grad_after = torch.empty_like(reads)  # [G, N, E, M], G_n: grad of the state after chunk n
+            if dS_final is None:
+                grad_after[:, -1].zero_()
+            else:
+                grad_after[:, -1].copy_(dS_final)
+            for n in range(N - 1, 0, -1):
+                torch.add(grad_after[:, n], reads[:, n], out=grad_after[:, n - 1])
+            dS0 = grad_after[:, 0] + reads[:, 0] if ctx.has_S0 else None
+        elif dS_final is not None:
+            grad_after = dS_final  # one chunk: [G, E, M]
+        else:
+            grad_after = None
+        if grad_after is not None:
+            grad_after_ = grad_after.reshape(G * N, E, M)
+            dK.baddbmm_(V_, grad_after_.transpose(1, 2))
+            dV.baddbmm_(K_, grad_after_)
+        return dQ.view(G, N, C, E), dK.view(G, N, C, E), dV.view(G, N, C, M), dS0, None
