@@ -3,6 +3,10 @@
     python benchmarks/bench_ops_cpu.py            # B=2, H=8, E=M=64, T in {128, 512, 2048}, float32
     python benchmarks/bench_ops_cpu.py --quick    # T in {128, 512}, fewer repeats
 
+Every configuration runs with 1 torch thread and with torch's default thread count (the machine's
+cores, how a user runs it), unless --threads says otherwise. The naive loop's tiny per-position
+ops cannot use a second thread; the chunked form's batched matmuls can, which is part of its point.
+
 Time: median over --repeats of forward (no_grad) and forward+backward (random upstream gradient on
 the output); naive and chunked alternate within each repeat so that load from other processes hits
 both alike. Peak memory of forward+backward: torch's CPU allocator sits on malloc, which tracemalloc
@@ -27,10 +31,11 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.ops import sum_normalize
-from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
+from fw_fairseq.ops.chunked import DELTA_CHUNK_SIZE, SUM_CHUNK_SIZE, chunked_delta, chunked_sum
 from fw_fairseq.ops.naive import naive_delta, naive_sum
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TARGET_T, TARGET_SPEEDUP = 512, 10.0  # the foundation issue's target: >= 10x the naive loop at T = 512
 IMPLS = {
     ("sum", "naive"): lambda q, k, v, beta: naive_sum(q, k, v)[0],
     ("sum", "chunked"): lambda q, k, v, beta: chunked_sum(q, k, v)[0],
@@ -95,19 +100,19 @@ def memory_worker(rule, impl, T, args):
     print(json.dumps({"peak_mib": (_status_kib("VmHWM") - base) / 1024}))
 
 
-def measure_memory(rule, impl, T, args):
-    cmd = [sys.executable, __file__, "--memory-worker", rule, impl, str(T), "--threads", str(args.threads),
+def measure_memory(rule, impl, T, threads, args):
+    cmd = [sys.executable, __file__, "--memory-worker", rule, impl, str(T), "--threads", str(threads),
            "--batch", str(args.batch), "--heads", str(args.heads), "--dim", str(args.dim)]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # a fixed threshold: freed big blocks are unmapped
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mib"]
 
 
-def machine_info(args):
+def machine_info():
     cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                      platform.processor())
     return {
-        "device": "cpu", "cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": args.threads,
+        "device": "cpu", "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
         "torch": torch.__version__, "python": platform.python_version(),
         "load_average_1_5_15min": [round(x, 1) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
@@ -118,12 +123,12 @@ def fmt(x, spec=".1f"):
 
 
 def table(rows):
-    head = ("| rule | T | naive fwd ms | chunked fwd ms | fwd speedup | naive fwd+bwd ms | chunked fwd+bwd ms "
+    head = ("| threads | rule | T | naive fwd ms | chunked fwd ms | fwd speedup | naive fwd+bwd ms | chunked fwd+bwd ms "
             "| fwd+bwd speedup | naive peak MiB | chunked peak MiB | memory ratio |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         lines.append(
-            f"| {r['rule']} | {r['T']} | {fmt(r['naive_fwd_ms'])} | {fmt(r['chunked_fwd_ms'])} "
+            f"| {r['threads']} | {r['rule']} | {r['T']} | {fmt(r['naive_fwd_ms'])} | {fmt(r['chunked_fwd_ms'])} "
             f"| {fmt(r['fwd_speedup'])}x | {fmt(r['naive_fwd_bwd_ms'])} | {fmt(r['chunked_fwd_bwd_ms'])} "
             f"| {fmt(r['fwd_bwd_speedup'])}x | {fmt(r['naive_peak_mib'])} | {fmt(r['chunked_peak_mib'])} "
             f"| {fmt(r['memory_ratio'])}x |"
@@ -135,6 +140,22 @@ def ratio(a, b):
     return None if a is None or b is None or b <= 0 else a / b
 
 
+def target_lines(rows):
+    """One line per thread count: the speedups at TARGET_T against TARGET_SPEEDUP."""
+    lines = []
+    for threads in sorted({r["threads"] for r in rows}):
+        parts = []
+        for r in rows:
+            if r["threads"] == threads and r["T"] == TARGET_T:
+                for key, name in (("fwd_speedup", "fwd"), ("fwd_bwd_speedup", "fwd+bwd")):
+                    x = r[key]
+                    verdict = "-" if x is None else ("met" if x >= TARGET_SPEEDUP else "NOT met")
+                    parts.append(f"{r['rule']} {name} {fmt(x)}x ({verdict})")
+        if parts:
+            lines.append(f"- {threads} thread(s), T={TARGET_T}, target >= {TARGET_SPEEDUP:g}x: " + ", ".join(parts))
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="T in {128, 512}, 2 repeats")
@@ -142,50 +163,63 @@ def main():
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     p.add_argument("--naive-max-t", type=int, default=10**9, help="skip the naive loop above this T")
     p.add_argument("--no-memory", action="store_true", help="skip the per-config memory subprocesses")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: reproducible on shared CPUs)")
+    p.add_argument("--threads", type=int, nargs="+",
+                   help="torch intra-op thread counts to run (default: 1 and torch's default, %d here)"
+                   % torch.get_num_threads())
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64, help="E = M")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON and Markdown go")
     p.add_argument("--memory-worker", nargs=3, metavar=("RULE", "IMPL", "T"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.memory_worker:
         rule, impl, T = args.memory_worker
+        args.threads = args.threads[0]
         return memory_worker(rule, impl, int(T), args)
     if args.quick:
         args.lengths, args.repeats = [128, 512], 2
-    torch.set_num_threads(args.threads)
+    thread_counts = args.threads or sorted({1, torch.get_num_threads()})
 
-    rows = []
-    for rule in ("sum", "delta"):
-        for T in args.lengths:
-            t = time_config(rule, T, args)
-            naive = t.get("naive", {})
-            mem = {impl: None if args.no_memory or impl not in t else measure_memory(rule, impl, T, args)
-                   for impl in ("naive", "chunked")}
-            row = {"rule": rule, "T": T,
-                   "naive_fwd_ms": naive.get("fwd"), "chunked_fwd_ms": t["chunked"]["fwd"],
-                   "naive_fwd_bwd_ms": naive.get("fwd_bwd"), "chunked_fwd_bwd_ms": t["chunked"]["fwd_bwd"],
-                   "naive_peak_mib": mem["naive"], "chunked_peak_mib": mem["chunked"]}
-            row["fwd_speedup"] = ratio(row["naive_fwd_ms"], row["chunked_fwd_ms"])
-            row["fwd_bwd_speedup"] = ratio(row["naive_fwd_bwd_ms"], row["chunked_fwd_bwd_ms"])
-            row["memory_ratio"] = ratio(row["naive_peak_mib"], row["chunked_peak_mib"])
-            rows.append(row)
-            print(table([row]).splitlines()[-1], flush=True)
+    rows, memory = [], {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        for rule in ("sum", "delta"):
+            for T in args.lengths:
+                t = time_config(rule, T, args)
+                naive = t.get("naive", {})
+                # peak memory does not depend on the thread count: measured once, with the first
+                if threads == thread_counts[0]:
+                    memory[rule, T] = {impl: None if args.no_memory or impl not in t
+                                       else measure_memory(rule, impl, T, threads, args)
+                                       for impl in ("naive", "chunked")}
+                mem = memory[rule, T] if threads == thread_counts[0] else {"naive": None, "chunked": None}
+                row = {"threads": threads, "rule": rule, "T": T,
+                       "naive_fwd_ms": naive.get("fwd"), "chunked_fwd_ms": t["chunked"]["fwd"],
+                       "naive_fwd_bwd_ms": naive.get("fwd_bwd"), "chunked_fwd_bwd_ms": t["chunked"]["fwd_bwd"],
+                       "naive_peak_mib": mem["naive"], "chunked_peak_mib": mem["chunked"]}
+                row["fwd_speedup"] = ratio(row["naive_fwd_ms"], row["chunked_fwd_ms"])
+                row["fwd_bwd_speedup"] = ratio(row["naive_fwd_bwd_ms"], row["chunked_fwd_bwd_ms"])
+                row["memory_ratio"] = ratio(row["naive_peak_mib"], row["chunked_peak_mib"])
+                rows.append(row)
+                print(table([row]).splitlines()[-1], flush=True)
 
+    chunks = f"chunk {SUM_CHUNK_SIZE} (sum) / {DELTA_CHUNK_SIZE} (delta)"
     config = {"B": args.batch, "H": args.heads, "E": args.dim, "M": args.dim, "dtype": "float32",
-              "chunk_size": 64, "repeats": args.repeats, "statistic": "median"}
-    result = {"machine": machine_info(args), "config": config, "rows": rows}
+              "chunk_size": {"sum": SUM_CHUNK_SIZE, "delta": DELTA_CHUNK_SIZE}, "threads": thread_counts,
+              "repeats": args.repeats, "statistic": "median"}
+    result = {"machine": machine_info(), "config": config, "rows": rows}
     name = "ops_cpu_quick" if args.quick else "ops_cpu"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     m = result["machine"]
+    targets = "\n".join(target_lines(rows))
     md = (f"# Fast weight ops on CPU: chunked vs naive\n\n{m['cpu_model']}, {m['cpu_count']} CPUs, "
-          f"{m['torch_threads']} torch thread(s), torch {m['torch']}, load average {m['load_average_1_5_15min']}; "
-          f"B={args.batch}, H={args.heads}, E=M={args.dim}, float32, chunk 64, median of {args.repeats}.\n"
-          f"Speedup = naive / chunked time; memory ratio = naive / chunked extra peak RSS of forward+backward.\n\n"
-          f"{table(rows)}\n")
-    (RESULTS / f"{name}.md").write_text(md)
-    print("\n" + table(rows) + f"\n\nwrote {RESULTS / name}.json and .md")
+          f"torch {m['torch']}, load average {m['load_average_1_5_15min']}, {m['date']}; "
+          f"B={args.batch}, H={args.heads}, E=M={args.dim}, float32, {chunks}, median of {args.repeats}.\n"
+          f"Speedup = naive / chunked time; memory ratio = naive / chunked extra peak RSS of forward+backward "
+          f"(measured once, with {thread_counts[0]} thread(s)).\n\n{table(rows)}\n\n{targets}\n")
+    (args.out_dir / f"{name}.md").write_text(md)
+    print("\n" + table(rows) + f"\n\n{targets}\n\nwrote {args.out_dir / name}.json and .md")
 
 
 if __name__ == "__main__":

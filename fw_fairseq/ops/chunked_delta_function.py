@@ -1,28 +1,33 @@
-"""Autograd function of the chunked causal delta rule (WY/UT form), with a hand-written backward.
+"""Autograd function of the chunked causal delta rule (UT form), with a hand-written backward.
 
 Forward (fw_fairseq/ops/README.md §2), per chunk n with S_n the state before it:
 
-    X = tril(K Kᵀ, −1);  T = (I + diag(β) X)⁻¹;  T_β = T diag(β);  W = T_β K;  U = T_β V
-    u = U − W S_n;  S_{n+1} = S_n + Kᵀ u;  O = Q S_n + tril(Q Kᵀ) u
+    X = tril(K Kᵀ, −1);  T = (I + diag(β) X)⁻¹;  T_β = T diag(β)            (all chunks at once)
+    r = V − K S_n;  u = T_β r;  S_{n+1} = S_n + Kᵀ u                          (sequential)
+    O = Q S_n + tril(Q Kᵀ) u                                                  (all chunks at once)
 
-β scales the [C, C] matrices, not the [C, E] keys and [C, M] values. Only the two state matmuls per
-chunk are sequential; everything else is batched over all chunks. The backward (README §7) runs
-the recurrence in reverse with G_n, the gradient of the state after chunk n:
+u = T_β (V − K S_n) is the WY form's U − W S_n without forming W = T_β K and U = T_β V: three
+small matmuls per chunk in the loop instead of two, but two batched [C, C] x [C, E|M] products
+fewer, which is faster on a CPU. The backward (README §7) runs the recurrence in reverse with G_n,
+the gradient of S_{n+1}:
 
-    du = tril(Q Kᵀ)ᵀ dO + K G_n;   G_{n−1} = G_n + Qᵀ dO − Wᵀ du
-then, batched over chunks: dQ = tril(dO uᵀ) K + dO S_nᵀ; dK = tril(dO uᵀ)ᵀ Q + u G_nᵀ + ...;
-dW = −du S_nᵀ; dU = du; and through the UT transform:
-    dT_β = dW Kᵀ + dU Vᵀ;  dK += T_βᵀ dW;  dV = T_βᵀ dU;  dT = dT_β diag(β);  dβ = colsum(dT_β ⊙ T)
-    dL = −tril(Tᵀ dT Tᵀ, −1) for L = diag(β) X;  dβ += rowsum(dL ⊙ X);  dX = diag(β) dL;  dK += (dX + dXᵀ) K
+    du = tril(Q Kᵀ)ᵀ dO + K G_n;   dr = T_βᵀ du;   G_{n−1} = G_n + Qᵀ dO − Kᵀ dr
+then, batched over chunks: dV = dr; dK = u G_nᵀ − dr S_nᵀ + tril(dO uᵀ)ᵀ Q + (dX + dXᵀ) K;
+dQ = tril(dO uᵀ) K + dO S_nᵀ; and through the UT transform, with dT_β = du rᵀ:
+    dT = dT_β diag(β);  dβ = colsum(dT_β ⊙ T) + rowsum(dL ⊙ X);  dL = −tril(Tᵀ dT Tᵀ, −1);  dX = diag(β) dL
 
-Shapes, chunk-major so that one chunk's slice is contiguous: N chunks of C positions, G = B·H heads.
-Q, K [N, G, C, E]; V [N, G, C, M]; beta [N, G, C]; states [N, G, E, M]; batched matmuls run on
-[N·G, C, D] views. Q may be None (a pure write: fast_weight_write). Saved for backward: the inputs,
-T, W, u, the scores and one state per chunk — O(N E M + T (E + M + C)) per head.
+Shapes, head-major (a plain view of [B, H, T, D] when C divides T): G = B·H heads, N chunks of C
+positions. Q, K [G, N, C, E]; V [G, N, C, M]; beta [G, N, C]; states [G, N, E, M]; batched matmuls
+run on [G·N, C, D] views. The loops only read strided [G, C, D] slices and collect fresh per-chunk
+results, stacked once afterwards (in-place matmuls into strided slices take a slow path); the
+outputs are formed chunk by chunk, and u, r and the states are kept only when a backward will
+follow (save_for_backward), since stacking fresh buffers costs as much as the matmuls on a CPU.
+Q may be None (a pure write: fast_weight_write). Saved for backward: the inputs, X, T, u, r, the
+scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 """
 import torch
 
-_INVERSE_BLOCK = 16  # LAPACK's batched triangular solve is fast up to about this size
+_INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
 
 
 def unit_lower_inverse(L):
@@ -53,101 +58,91 @@ def unit_lower_inverse(L):
 
 
 class ChunkedDelta(torch.autograd.Function):
-    """(o [N, G, C, M] or None, final state [G, E, M] or None) = causal delta rule over chunks."""
+    """(o [G, N, C, M] or None, final state [G, E, M] or None) = causal delta rule over chunks."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, beta, S0, need_final):
-        N, G, C, E = K.shape
+    def forward(ctx, Q, K, V, beta, S0, need_final, save_for_backward):
+        G, N, C, E = K.shape
         M = V.shape[-1]
-        K_, V_, b = K.view(N * G, C, E), V.view(N * G, C, M), beta.view(N * G, C, 1)
-        X = torch.bmm(K_, K_.transpose(1, 2)).tril_(-1)  # [NG, C, C], k_t . k_s for s < t
-        T = unit_lower_inverse(X * b)  # [NG, C, C]
-        Tb = T * b.transpose(1, 2)  # [NG, C, C], T diag(beta)
-        u = torch.bmm(Tb, V_).view(N, G, C, M)  # U, turned into the effective writes u in place
-        # W only ever multiplies a nonzero state: one chunk with no initial state needs U alone
-        carries_state = N > 1 or S0 is not None
-        W = torch.bmm(Tb, K_).view(N, G, C, E) if carries_state else None
-        states = torch.empty(N, G, E, M, dtype=K.dtype, device=K.device) if carries_state else None
+        K_, b = K.view(G * N, C, E), beta.view(G * N, C, 1)
+        X = torch.bmm(K_, K_.transpose(1, 2)).tril_(-1)  # [GN, C, C], k_t . k_s for s < t
+        T = unit_lower_inverse(X * b)  # [GN, C, C]
+        Tb = (T * b.transpose(1, 2)).view(G, N, C, C)  # T diag(beta)
+        P = None if Q is None else torch.bmm(Q.view(G * N, C, E), K_.transpose(1, 2)).tril_()  # [GN, C, C], s <= t
+        P4 = None if P is None else P.view(G, N, C, C)
+        outs, rs, us, states = [], [], [], []  # per chunk: o, r, u [G, C, M]; S_n [G, E, M] or None (zero)
         S = S0  # None while the state is still zero
         for n in range(N):
-            if carries_state:
-                if S is None:
-                    states[n].zero_()
-                else:
-                    if n == 0:
-                        states[0].copy_(S)
-                    u[n].baddbmm_(W[n], S, alpha=-1)  # u = U − W S_n
+            r = V[:, n] if S is None else torch.baddbmm(V[:, n], K[:, n], S, alpha=-1)  # V − K S_n
+            u = torch.bmm(Tb[:, n], r)
+            if Q is not None:  # O = tril(Q Kᵀ) u + Q S_n
+                o = torch.bmm(P4[:, n], u)
+                outs.append(o if S is None else o.baddbmm_(Q[:, n], S))
+            if save_for_backward:
+                rs.append(r)
+                us.append(u)
+                states.append(S)
             if n + 1 < N or need_final:
-                write = K[n].transpose(1, 2)  # [G, E, C]
-                out = states[n + 1] if n + 1 < N else None  # the next chunk's state, written in place
-                S = torch.bmm(write, u[n], out=out) if S is None else torch.baddbmm(S, write, u[n], out=out)
-        o = P = None
-        if Q is not None:
-            Q_, u_ = Q.view(N * G, C, E), u.view(N * G, C, M)
-            P = torch.bmm(Q_, K_.transpose(1, 2)).tril_()  # [NG, C, C], s <= t
-            o = torch.bmm(P, u_)
-            if carries_state:
-                o.baddbmm_(Q_, states.view(N * G, E, M))
-            o = o.view(N, G, C, M)
-        ctx.save_for_backward(Q, K, V, beta, X, T, W, u, P, states)
-        ctx.has_S0 = S0 is not None
-        ctx.set_materialize_grads(False)
+                write = K[:, n].transpose(1, 2)  # [G, E, C]
+                S = torch.bmm(write, u) if S is None else torch.baddbmm(S, write, u)
+        o = None if Q is None else torch.stack(outs, 1)  # [G, N, C, M]
+        if save_for_backward:
+            u, r = torch.stack(us, 1), torch.stack(rs, 1)  # [G, N, C, M]
+            if all(x is None for x in states):  # one chunk, no initial state: nothing was read
+                states = None
+            else:
+                zero = K.new_zeros(G, E, M)
+                states = torch.stack([zero if x is None else x for x in states], 1)  # [G, N, E, M]
+            ctx.save_for_backward(Q, K, beta, X, T, u, r, P, states)
+            ctx.has_S0 = S0 is not None
+            ctx.set_materialize_grads(False)
         return o, (S if need_final else None)
 
     @staticmethod
     def backward(ctx, dO, dS_final):
-        Q, K, V, beta, X, T, W, u, P, states = ctx.saved_tensors
-        N, G, C, E = K.shape
-        M = V.shape[-1]
-        NG = N * G
-        K_, V_, u_, b = K.view(NG, C, E), V.view(NG, C, M), u.view(NG, C, M), beta.view(NG, C, 1)
-        dO_ = None if dO is None or Q is None else dO.contiguous().view(NG, C, M)
-        # du starts as its output term tril(Q Kᵀ)ᵀ dO; the loop adds the state term K G_n
-        du = V_.new_zeros(NG, C, M) if dO_ is None else torch.bmm(P.transpose(1, 2), dO_)
-        du4 = du.view(N, G, C, M)
-        reads = None
-        if dO_ is not None and states is not None:  # Q_nᵀ dO_n: the output's gradient of S_n
-            reads = torch.bmm(Q.view(NG, C, E).transpose(1, 2), dO_).view(N, G, E, M)
-        grad_after = torch.empty(N, G, E, M, dtype=K.dtype, device=K.device)  # G_n per chunk
-        if dS_final is None:
-            grad_after[-1].zero_()
-        else:
-            grad_after[-1].copy_(dS_final)
+        Q, K, beta, X, T, u, r, P, states = ctx.saved_tensors
+        G, N, C, E = K.shape
+        M = u.shape[-1]
+        GN = G * N
+        K_, u_, b = K.view(GN, C, E), u.view(GN, C, M), beta.view(GN, C, 1)
+        Tb = (T * b.transpose(1, 2)).view(G, N, C, C)
+        dO_ = None if dO is None or Q is None else dO.contiguous().view(GN, C, M)
+        out_du = None if dO_ is None else torch.bmm(P.transpose(1, 2), dO_).view(G, N, C, M)  # from O
+        reads = None  # Q_nᵀ dO_n, the output's gradient of S_n
+        if dO_ is not None and states is not None:
+            reads = torch.bmm(Q.view(GN, C, E).transpose(1, 2), dO_).view(G, N, E, M)
+        Gn = K.new_zeros(G, E, M) if dS_final is None else dS_final  # G_n, the gradient of S_{n+1}
+        grads_after, dus, drs = [], [], []  # per chunk, collected last to first
         for n in range(N - 1, -1, -1):
-            du4[n].baddbmm_(K[n], grad_after[n])
+            grads_after.append(Gn)
+            du = torch.bmm(K[:, n], Gn) if out_du is None else torch.baddbmm(out_du[:, n], K[:, n], Gn)
+            dr = torch.bmm(Tb[:, n].transpose(1, 2), du)
+            dus.append(du)
+            drs.append(dr)
             if n == 0 and not ctx.has_S0:
                 break  # the gradient of a zero initial state is not needed
-            # G_{n−1} = G_n + Qᵀ dO − Wᵀ du, written straight into its slot (W exists: N > 1 or S0 given)
-            dS = grad_after[n - 1] if n else torch.empty_like(grad_after[0])
-            if reads is None:
-                dS.copy_(grad_after[n])
-            else:
-                torch.add(grad_after[n], reads[n], out=dS)
-            dS.baddbmm_(W[n].transpose(1, 2), du4[n], alpha=-1)
-        dS0 = dS if ctx.has_S0 else None
+            Gn = torch.baddbmm(Gn if reads is None else Gn + reads[:, n], K[:, n].transpose(1, 2), dr, alpha=-1)
+        dS0 = Gn if ctx.has_S0 else None
+        grad_after, du, dr = (torch.stack(x[::-1], 1) for x in (grads_after, dus, drs))  # [G, N, ...]
+        du_, dr_ = du.view(GN, C, M), dr.view(GN, C, M)
 
-        dK = torch.bmm(u_, grad_after.view(NG, E, M).transpose(1, 2))  # [NG, C, E], from S_{n+1} = S_n + Kᵀ u
+        dK = torch.bmm(u_, grad_after.view(GN, E, M).transpose(1, 2))  # [GN, C, E], from S_{n+1} = S_n + Kᵀ u
+        if states is not None:  # from r = V − K S_n
+            dK.baddbmm_(dr_, states.view(GN, E, M).transpose(1, 2), alpha=-1)
         dQ = None
         if dO_ is not None:
-            dP = torch.bmm(dO_, u_.transpose(1, 2)).tril_()  # [NG, C, C]
-            Q_ = Q.view(NG, C, E)
+            dP = torch.bmm(dO_, u_.transpose(1, 2)).tril_()  # [GN, C, C]
             dQ = torch.bmm(dP, K_)
-            dK.baddbmm_(dP.transpose(1, 2), Q_)
+            dK.baddbmm_(dP.transpose(1, 2), Q.view(GN, C, E))
             if states is not None:
-                dQ.baddbmm_(dO_, states.view(NG, E, M).transpose(1, 2))
-            dQ = dQ.view(N, G, C, E)
-        Tb = T * b.transpose(1, 2)
-        dTb = torch.bmm(du, V_.transpose(1, 2))  # [NG, C, C]
-        dV = torch.bmm(Tb.transpose(1, 2), du)  # [NG, C, M]
-        if W is not None:
-            dW = torch.bmm(du, states.view(NG, E, M).transpose(1, 2)).neg_()  # [NG, C, E]
-            dTb.baddbmm_(dW, K_.transpose(1, 2))
-            dK.baddbmm_(Tb.transpose(1, 2), dW)
-        dbeta = (dTb * T).sum(1)  # [NG, C], column sums
+                dQ.baddbmm_(dO_, states.view(GN, E, M).transpose(1, 2))
+            dQ = dQ.view(G, N, C, E)
+        dTb = torch.bmm(du_, r.view(GN, C, M).transpose(1, 2))  # [GN, C, C]
+        dbeta = (dTb * T).sum(1)  # [GN, C], column sums
         dT = dTb * b.transpose(1, 2)
         Tt = T.transpose(1, 2)
-        dL = torch.bmm(torch.bmm(Tt, dT), Tt).neg_().tril_(-1)  # [NG, C, C]
+        dL = torch.bmm(torch.bmm(Tt, dT), Tt).neg_().tril_(-1)  # [GN, C, C]
         dbeta += (dL * X).sum(2)  # row sums
         dX = dL * b
         dK.baddbmm_(dX + dX.transpose(1, 2), K_)
-        return dQ, dK.view(N, G, C, E), dV.view(N, G, C, M), dbeta.view(N, G, C), dS0, None
+        return dQ, dK.view(G, N, C, E), dr, dbeta.view(G, N, C), dS0, None, None
