@@ -63,6 +63,11 @@ def _heads_state(state, dtype):
     return None if state is None else state.to(dtype).flatten(0, 1).contiguous()
 
 
+def _needs_backward(*tensors):
+    """Whether autograd will record the op: only then do the Functions keep tensors for backward."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
+
+
 def _unflatten_state(S, B, H):
     """[B*H, E, M] -> [B, H, E, M]; None (not asked for) stays None."""
     return None if S is None else S.unflatten(0, (B, H))
@@ -77,7 +82,8 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
     dtype = state_dtype(out_dtype)
     C = _balanced_chunk(T, chunk_size)
     Q, K, V = (_head_major_chunks(x, C, dtype) for x in (q, k, v))  # [BH, N, C, E|M]
-    o, S = ChunkedSum.apply(Q, K, V, _heads_state(initial_state, dtype), output_final_state)
+    S0 = _heads_state(initial_state, dtype)
+    o, S = ChunkedSum.apply(Q, K, V, S0, output_final_state, _needs_backward(Q, K, V, S0))
     o = _from_head_major(o, B, H, T).to(out_dtype)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)
 
@@ -94,8 +100,7 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     K, V, Bt = (_head_major_chunks(x, C, dtype) for x in (k, v, beta))  # [BH, N, C, E|M], [BH, N, C]
     Q = None if q is None else _head_major_chunks(q, C, dtype)
     S0 = _heads_state(initial_state, dtype)
-    save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (Q, K, V, Bt, S0))
-    o, S = ChunkedDelta.apply(Q, K, V, Bt, S0, output_final_state, save)
+    o, S = ChunkedDelta.apply(Q, K, V, Bt, S0, output_final_state, _needs_backward(Q, K, V, Bt, S0))
     if o is not None:
         o = _from_head_major(o, B, H, T).to(out_dtype)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)

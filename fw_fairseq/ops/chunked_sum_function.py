@@ -3,9 +3,9 @@
 Letting autograd differentiate the chunk form costs a zero-padded shift, a cumsum along the
 (strided) chunk axis and their backward copies — more time than the matmuls on a CPU. Here the
 forward saves the scores and the state before every chunk, and the backward is the transposed
-chunk form (derivation: fw_fairseq/ops/README.md §1):
+chunk form, batched over all chunks (derivation: fw_fairseq/ops/README.md §1, §7):
 
-    forward:  P = tril(Q Kᵀ);  O = P V + Q S_n;  S_{n+1} = S_n + Kᵀ V
+    forward:  P = tril(Q Kᵀ);  O = P V + Q S_n;  S_{n+1} = S_n + Kᵀ V   (chunk by chunk)
     backward: dP = tril(dO Vᵀ);  G_n = dS_final + Σ_{m>n} Q_mᵀ dO_m  (grad of S_{n+1})
               dQ = dP K + dO S_nᵀ;  dK = dPᵀ Q + V G_nᵀ;  dV = Pᵀ dO + K G_n;  dS_0 = G_0 + Q_0ᵀ dO_0
 
@@ -16,43 +16,38 @@ views, and the loops over chunks read strided [G, E, M] slices (no in-place matm
 import torch
 
 
-def _prefix_states(writes, S0):
-    """Exclusive running sum along the chunk axis: states[:, n] = S0 + Σ_{m<n} writes[:, m].
-
-    writes [G, N, E, M]; S0 [G, E, M] or None (zero). Returns (states [G, N, E, M], final [G, E, M]).
-    A loop of N vectorised adds: torch.cumsum along a middle axis is several times slower.
-    """
-    states = torch.empty_like(writes)
-    if S0 is None:
-        states[:, 0].zero_()
-    else:
-        states[:, 0].copy_(S0)
-    for n in range(1, writes.shape[1]):
-        torch.add(states[:, n - 1], writes[:, n - 1], out=states[:, n])
-    return states, states[:, -1] + writes[:, -1]
-
-
 class ChunkedSum(torch.autograd.Function):
     """(o [G, N, C, M], final state [G, E, M] or None) = causal sum rule over chunked inputs."""
 
     @staticmethod
-    def forward(ctx, Q, K, V, S0, need_final):
+    def forward(ctx, Q, K, V, S0, need_final, save_for_backward):
         G, N, C, E = K.shape
         M = V.shape[-1]
-        Q_, K_, V_ = Q.view(G * N, C, E), K.view(G * N, C, E), V.view(G * N, C, M)
+        Q_, K_ = Q.view(G * N, C, E), K.view(G * N, C, E)
         P = torch.bmm(Q_, K_.transpose(1, 2)).tril_()  # [GN, C, C], s <= t
-        o = torch.bmm(P, V_)  # [GN, C, M], the intra-chunk part
-        states, final = None, None
-        if N > 1 or S0 is not None:
-            writes = torch.bmm(K_.transpose(1, 2), V_).view(G, N, E, M)  # what chunk n writes
-            states, final = _prefix_states(writes, S0)
-            o.baddbmm_(Q_, states.view(G * N, E, M))  # + Q S_n
-        elif need_final:  # one chunk, no past: the state is only needed as an output
-            final = torch.bmm(K_.transpose(1, 2), V_)  # [G, E, M]
-        ctx.save_for_backward(Q, K, V, P, states)
-        ctx.has_S0 = S0 is not None
-        ctx.set_materialize_grads(False)
-        return o.view(G, N, C, M), (final if need_final else None)
+        P4 = P.view(G, N, C, C)
+        # Chunk by chunk: O_n = P_n V_n + Q_n S_n, S_{n+1} = S_n + K_nᵀ V_n. Fresh per-chunk results
+        # are stacked once; a batched prefix sum over all chunks allocates and touches an extra
+        # [G, N, E, M] buffer, slower on a CPU. The states are stacked only for the backward.
+        outs, states = [], []  # [G, C, M]; [G, E, M] or None (zero)
+        S = S0  # None while the state is still zero
+        for n in range(N):
+            o = torch.bmm(P4[:, n], V[:, n])
+            outs.append(o if S is None else o.baddbmm_(Q[:, n], S))
+            states.append(S)
+            if n + 1 < N or need_final:
+                write = K[:, n].transpose(1, 2)  # [G, E, C]
+                S = torch.bmm(write, V[:, n]) if S is None else torch.baddbmm(S, write, V[:, n])
+        if save_for_backward:
+            if all(x is None for x in states):  # one chunk, no initial state: nothing was read
+                states = None
+            else:
+                zero = K.new_zeros(G, E, M)
+                states = torch.stack([zero if x is None else x for x in states], 1)  # [G, N, E, M]
+            ctx.save_for_backward(Q, K, V, P, states)
+            ctx.has_S0 = S0 is not None
+            ctx.set_materialize_grads(False)
+        return torch.stack(outs, 1), (S if need_final else None)
 
     @staticmethod
     def backward(ctx, dO, dS_final):
@@ -88,4 +83,4 @@ class ChunkedSum(torch.autograd.Function):
             grad_after_ = grad_after.reshape(G * N, E, M)
             dK.baddbmm_(V_, grad_after_.transpose(1, 2))
             dV.baddbmm_(K_, grad_after_)
-        return dQ.view(G, N, C, E), dK.view(G, N, C, E), dV.view(G, N, C, M), dS0, None
+        return dQ.view(G, N, C, E), dK.view(G, N, C, E), dV.view(G, N, C, M), dS0, None, None

@@ -68,3 +68,15 @@ def test_gradcheck_several_chunks_and_block_inverse(make_inputs, rule):
     else:
         fn = lambda q, k, v, b, s: chunked_delta(q, k, v, b, s, True, chunk_size=20)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (q, k, v, beta, state))
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_forward_without_autograd_matches_recorded_forward(make_inputs, rule):
+    # the Functions skip stacking their saved tensors when no backward can follow
+    inputs = make_inputs(T=29, requires_grad=True)
+    recorded = _call(rule, "chunked", *inputs, chunk=8)
+    with torch.no_grad():
+        plain = _call(rule, "chunked", *inputs, chunk=8)
+    assert recorded[0].grad_fn is not None and plain[0].grad_fn is None
+    for a, b in zip(plain, recorded):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
