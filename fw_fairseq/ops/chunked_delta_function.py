@@ -2,14 +2,13 @@
 
 Forward (fw_fairseq/ops/README.md §2), per chunk n with S_n the state before it:
 
-    X = tril(K Kᵀ, −1);  T = (I + diag(β) X)⁻¹;  T_β = T diag(β)            (all chunks at once)
-    r = V − K S_n;  u = T_β r;  S_{n+1} = S_n + Kᵀ u                          (sequential)
-    O = Q S_n + tril(Q Kᵀ) u                                                  (all chunks at once)
+    X = tril(K Kᵀ, −1);  T = (I + diag(β) X)⁻¹;  T_β = T diag(β);  P = tril(Q Kᵀ)   (all chunks at once)
+    r = V − K S_n;  u = T_β r;  O = P u + Q S_n;  S_{n+1} = S_n + Kᵀ u            (chunk by chunk)
 
-u = T_β (V − K S_n) is the WY form's U − W S_n without forming W = T_β K and U = T_β V: three
-small matmuls per chunk in the loop instead of two, but two batched [C, C] x [C, E|M] products
-fewer, which is faster on a CPU. The backward (README §7) runs the recurrence in reverse with G_n,
-the gradient of S_{n+1}:
+u = T_β (V − K S_n) is the WY form's U − W S_n without forming W = T_β K and U = T_β V: one more
+small matmul per chunk in the loop, but two batched [C, C] x [C, E|M] products fewer, which is
+faster on a CPU. The backward (README §7) runs the recurrence in reverse with G_n, the gradient
+of S_{n+1}:
 
     du = tril(Q Kᵀ)ᵀ dO + K G_n;   dr = T_βᵀ du;   G_{n−1} = G_n + Qᵀ dO − Kᵀ dr
 then, batched over chunks: dV = dr; dK = u G_nᵀ − dr S_nᵀ + tril(dO uᵀ)ᵀ Q + (dX + dXᵀ) K;
@@ -19,9 +18,9 @@ dQ = tril(dO uᵀ) K + dO S_nᵀ; and through the UT transform, with dT_β = du 
 Shapes, head-major (a plain view of [B, H, T, D] when C divides T): G = B·H heads, N chunks of C
 positions. Q, K [G, N, C, E]; V [G, N, C, M]; beta [G, N, C]; states [G, N, E, M]; batched matmuls
 run on [G·N, C, D] views. The loops only read strided [G, C, D] slices and collect fresh per-chunk
-results, stacked once afterwards (in-place matmuls into strided slices take a slow path); the
-outputs are formed chunk by chunk, and u, r and the states are kept only when a backward will
-follow (save_for_backward), since stacking fresh buffers costs as much as the matmuls on a CPU.
+results, stacked once afterwards (in-place matmuls into strided slices take a slow path);
+u, r and the states are stacked and kept only when a backward will follow (save_for_backward):
+filling fresh buffers costs about as much as the loop's matmuls on a CPU.
 Q may be None (a pure write: fast_weight_write). Saved for backward: the inputs, X, T, u, r, the
 scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 """
@@ -44,7 +43,9 @@ def unit_lower_inverse(L):
     eye = torch.eye(b, dtype=L.dtype, device=L.device)
     if n_blocks == 1:
         return torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
-    Lf = torch.nn.functional.pad(L, (0, padded - C, 0, padded - C)).reshape(-1, padded, padded)  # [G, C', C']
+    if padded != C:
+        L = torch.nn.functional.pad(L, (0, padded - C, 0, padded - C))
+    Lf = L.reshape(-1, padded, padded)  # [G, C', C']
     G = Lf.shape[0]
     diagonal = (G, n_blocks, b, b), (padded * padded, b * padded + b, padded, 1)  # the diagonal blocks as a view
     T = torch.zeros_like(Lf)
@@ -54,7 +55,7 @@ def unit_lower_inverse(L):
     for i in range(1, n_blocks):
         rows, done = slice(i * b, (i + 1) * b), i * b
         T[:, rows, :done] = -torch.bmm(T_diag[:, i], torch.bmm(Lf[:, rows, :done], T[:, :done, :done]))
-    return T.view(*L.shape[:-2], padded, padded)[..., :C, :C]
+    return T.view(L.shape)[..., :C, :C]
 
 
 class ChunkedDelta(torch.autograd.Function):
