@@ -15,7 +15,7 @@ void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at:
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fw_step", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    const size_t smem = (2 * E + groups * M) * sizeof(acc_t);
+    const size_t smem = step_smem_bytes<acc_t>(E, M, groups);
     const auto kernel = delta ? step_kernel<scalar_t, acc_t, true> : step_kernel<scalar_t, acc_t, false>;
     kernel<<<grid, groups * M, smem, stream>>>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                                                v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(beta),

@@ -8,6 +8,7 @@
 // (the update needs it for every row), the second updates and reads; the second pass's reads of W
 // hit L2, the block having just read the same bytes.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "warp.cuh"
@@ -67,6 +68,15 @@ __global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __re
 // Row groups per block: about kStepThreads threads, but no more groups than rows.
 constexpr int step_groups(int E, int M) {
   return ceil_div(kStepThreads, M) < E ? ceil_div(kStepThreads, M) : E;
+}
+
+// Dynamic shared memory of step_kernel: qs [E], ks [E], part [groups, M] in acc_t. Shared with the
+// emulator (tests/cuda/emulator), which checks that the kernel stays inside it. For E <= 512,
+// M <= 160 it is at most 11240 bytes (double, E = 512, M = 127: 3 x 127 threads), under the 48 KiB a
+// launch gets without cudaFuncSetAttribute.
+template <typename acc_t>
+constexpr size_t step_smem_bytes(int E, int M, int groups) {
+  return (2 * size_t(E) + size_t(groups) * M) * sizeof(acc_t);
 }
 
 }  // namespace fw

@@ -115,8 +115,8 @@ def _cuda_kernel(q, v):
         reason = "the CUDA extension fw_fairseq._cuda is not available"
     elif q.dtype not in _KERNEL_DTYPES:
         reason = f"dtype {q.dtype} is not one of the kernel's fp16/bf16/fp32"
-    elif E > _KERNEL_MAX_E or M > _KERNEL_MAX_M:
-        reason = f"E={E}, M={M} exceed the kernel's E <= {_KERNEL_MAX_E}, M <= {_KERNEL_MAX_M}"
+    elif not (1 <= E <= _KERNEL_MAX_E and 1 <= M <= _KERNEL_MAX_M):
+        reason = f"E={E}, M={M} are outside the kernel's 1 <= E <= {_KERNEL_MAX_E}, 1 <= M <= {_KERNEL_MAX_M}"
     else:
         return _extension
     _log_fallback(reason)

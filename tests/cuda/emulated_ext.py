@@ -3,7 +3,11 @@ CPU emulation of CUDA threads (emulator/cuda_emu.h), so that the kernels' indexi
 control flow are tested on machines without a GPU.
 
 The pass order of each function mirrors cuda/fast_weight.cpp (which needs a GPU to run); outputs
-are preallocated full of NaN, so an element no kernel writes shows up.
+are preallocated full of NaN, so an element no kernel writes shows up. Every buffer a kernel sees
+lies between two NaN guard bands (ctypes hands the kernels raw pointers, so nothing else would
+notice an overrun): a write there is reported; a read of an input in the input dtype (q, k, v,
+beta, do) is reported even when the kernel discards the value; a read of an acc_t buffer (states,
+vbar, du, dk_part) shows only if the NaN reaches an output. Inputs must hold no NaN.
 """
 import ctypes
 import math
@@ -21,7 +25,16 @@ _SIGNATURES = {
     "emu_col": [_int] + [_ptr] * 8 + [_int] * 5,
     "emu_delta_rows": [_ptr] * 13 + [_int] * 4,
     "emu_step": [_int] + [_ptr] * 6 + [_int] * 3,
+    "emu_step_geometry": [_int] * 2 + [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_longlong)],
 }
+# The harness's return codes (emulator/harness.cpp).
+_ERRORS = {
+    -1: "no register tier fits",
+    -2: "a launch a GPU would refuse (threads per block, grid size or shared memory)",
+    -3: "the step kernel wrote shared memory beyond what its launcher allocates",
+    -4: "a kernel read an input element out of bounds (a NaN of the guard bands)",
+}
+_GUARD = 1024  # NaN elements on either side of every buffer: more than a row of any [.., E] or [.., M]
 
 
 def build(out_dir):
@@ -36,8 +49,27 @@ def build(out_dir):
     return EmulatedExtension(lib)
 
 
-def _p(t):
-    return None if t is None else t.data_ptr()
+def _call(entry, args, outputs):
+    """entry(*args) with each tensor argument (float64) copied between NaN guard bands (None stays a
+    null pointer). Copies back the tensors in outputs (by identity: outputs, in-place states), checks
+    that the other tensors were not written and that every guard band is intact."""
+    bufs = [torch.full((a.numel() + 2 * _GUARD,), math.nan, dtype=torch.float64) if torch.is_tensor(a) else None
+            for a in args]
+    for a, buf in zip(args, bufs):
+        if buf is not None:
+            buf[_GUARD : _GUARD + a.numel()] = a.reshape(-1)
+    rc = entry(*[a if buf is None else buf[_GUARD:].data_ptr() for a, buf in zip(args, bufs)])
+    assert rc == 0, f"{entry.__name__}: {_ERRORS.get(rc, rc)}"
+    for i, (a, buf) in enumerate(zip(args, bufs)):
+        if buf is None:
+            continue
+        inside, guards = buf[_GUARD : _GUARD + a.numel()], torch.cat([buf[:_GUARD], buf[_GUARD + a.numel() :]])
+        assert guards.isnan().all(), f"{entry.__name__}: argument {i} was written out of bounds"
+        if any(a is out for out in outputs):
+            a.copy_(inside.view(a.shape))
+        else:  # bitwise, so that NaN inputs compare equal
+            assert torch.equal(inside.view(torch.int64), a.reshape(-1).view(torch.int64)), (
+                f"{entry.__name__}: input argument {i} was written")
 
 
 def _nan_like(x, shape=None):
@@ -55,8 +87,7 @@ class EmulatedExtension:
         for t in tensors:
             assert t is None or (t.dtype == torch.float64 and t.is_contiguous() and not t.is_cuda)
         B, H, T, P = q.shape
-        rc = self._lib.emu_col(mode, *map(_p, tensors), B * H, T, P, v.shape[-1], int(reverse))
-        assert rc == 0, "no register tier fits"
+        _call(self._lib.emu_col, [mode, *tensors, B * H, T, P, v.shape[-1], int(reverse)], (state_out, out, aux))
 
     def sum_forward(self, q, k, v, state):
         o, final_state = _nan_like(v), _nan_like(state)
@@ -81,16 +112,15 @@ class EmulatedExtension:
         dq, dk, dv, dbeta, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(beta), _nan_like(state0)
         self._col(DELTA, q, k, v, beta, state0, None, None, vbar, False)
         self._col(DELTA_GRAD, q, k, do, beta, dfinal, dstate0, dv, du, True)
-        rc = self._lib.emu_delta_rows(*map(_p, (q, k, v, beta, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta)),
-                                      B * H, T, E, v.shape[-1])
-        assert rc == 0, "no register tier fits"
+        _call(self._lib.emu_delta_rows, [q, k, v, beta, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta,
+                                         B * H, T, E, v.shape[-1]], (dk_part, dq, dk, dbeta))
         return dq, dk, dv, dbeta, dstate0
 
     def _step(self, delta, q, k, v, beta, state):
         B, H, T, E = q.shape
         assert T == 1
         o = _nan_like(v)
-        self._lib.emu_step(int(delta), *map(_p, (q, k, v, beta, state, o)), B * H, E, v.shape[-1])
+        _call(self._lib.emu_step, [int(delta), q, k, v, beta, state, o, B * H, E, v.shape[-1]], (state, o))
         return o
 
     def sum_step(self, q, k, v, state):
@@ -98,3 +128,9 @@ class EmulatedExtension:
 
     def delta_step(self, q, k, v, beta, state):
         return self._step(True, q, k, v, beta, state)
+
+    def step_geometry(self, E, M):
+        """(threads per block, dynamic shared memory bytes for a double state) of the step launcher."""
+        threads, smem = ctypes.c_int(), ctypes.c_longlong()
+        self._lib.emu_step_geometry(E, M, ctypes.byref(threads), ctypes.byref(smem))
+        return threads.value, smem.value

@@ -23,7 +23,15 @@ TOL = {torch.float64: 1e-12, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.fl
 # 160), E = 384 (DPFP nu = 3), widths that are not multiples of 32 or of the per-block tiles.
 GPU_SHAPES = [(2, 3, 1, 64, 65), (2, 3, 7, 64, 65), (1, 2, 64, 128, 65), (2, 2, 33, 384, 65),
               (1, 2, 257, 512, 129), (1, 1, 50, 16, 3), (1, 2, 17, 100, 160), (3, 1, 40, 33, 1)]
-EMULATED_SHAPES = [(1, 2, 5, 40, 9), (1, 1, 1, 70, 33), (2, 1, 3, 16, 3), (1, 1, 2, 100, 65), (1, 1, 2, 400, 5)]
+# Emulated: together these reach all 9 column tiers (rows P = E, and P = M in the sum rule's dq and dk
+# passes: P = 16, 24, 33, 65, 100, 129, 200, 300, 512 pick them in order) and all 5 row tiers (M = 9,
+# 33, 65, 100, 129), with the limits E = 512 and M = 129 in one shape, M = 160, and two heads.
+EMULATED_SHAPES = [(1, 2, 5, 40, 9), (1, 1, 1, 70, 33), (2, 1, 3, 16, 3), (1, 1, 2, 100, 65), (1, 1, 2, 400, 5),
+                   (1, 1, 2, 512, 129), (1, 1, 3, 24, 100), (2, 1, 2, 200, 2), (1, 1, 2, 300, 1), (1, 1, 2, 33, 160)]
+# The step kernel's blocks (groups x M threads): 29 x 9 = 261 (partial last warp), 4 x 65, 2 x 129 at
+# the limits, 2 x 160, and 4 x 4 where E = 4 rows caps the 64 groups that M = 4 would get.
+EMULATED_STEP_SHAPES = [(1, 2, 4, 40, 9), (2, 1, 3, 64, 65), (1, 2, 2, 512, 129), (1, 1, 2, 7, 160), (1, 1, 2, 4, 4)]
+MAX_E, MAX_M = 512, 160  # cuda/fast_weight.cpp's kMaxE, kMaxM (the dispatch sends M <= 129 only)
 
 
 def make_inputs(B, H, T, E, M, dtype, device, seed=0):
@@ -100,8 +108,20 @@ def test_emulated_kernels_match_naive(emulated, rule, shape):
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
-def test_emulated_steps_equal_forward(emulated, rule):
-    check_steps_equal_forward(rule, emulated, make_inputs(1, 2, 4, 40, 9, torch.float64, "cpu"))
+@pytest.mark.parametrize("shape", EMULATED_STEP_SHAPES, ids=lambda s: "B{}H{}T{}E{}M{}".format(*s))
+def test_emulated_steps_equal_forward(emulated, rule, shape):
+    check_steps_equal_forward(rule, emulated, make_inputs(*shape, torch.float64, "cpu"))
+
+
+def test_step_launch_fits_every_accepted_shape(emulated):
+    """The step launcher's block for every E, M the binding accepts: at most 1024 threads, and dynamic
+    shared memory (for double, the widest acc_t) under the 48 KiB a launch gets without
+    cudaFuncSetAttribute. test_compile checks the kernel's registers for 1024 threads and that it has
+    no static shared memory."""
+    for E in range(1, MAX_E + 1):
+        for M in range(1, MAX_M + 1):
+            threads, smem = emulated.step_geometry(E, M)
+            assert threads % M == 0 and M <= threads <= 1024 and smem <= 48 * 1024, (E, M, threads, smem)
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])

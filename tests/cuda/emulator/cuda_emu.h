@@ -2,9 +2,11 @@
 // a GPU: every CUDA thread is a std::thread, blocks run one after another, a warp shuffle is a
 // store, a barrier among the warp's threads, a load and a second barrier, and __syncthreads is a
 // barrier among the block's threads. Slow, but it executes the kernels' own indexing, masking and
-// control flow; it says nothing about speed, the memory model or half-precision conversions.
+// control flow; it says nothing about speed, the memory model, register and shared memory limits
+// (beyond a launch's threads and grid) or half-precision rounding (emu::Scalar holds a double).
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <memory>
 #include <thread>
@@ -29,6 +31,24 @@ using std::min;
 
 namespace emu {
 
+// The kernels' scalar_t (c10::Half, c10::BFloat16 or float on a GPU) as a class holding a double,
+// converted explicitly as c10::Half is, so that the emulation runs the mixed scalar_t / acc_t code.
+// Every read of an input element goes through the conversion, which counts NaN reads: the tests'
+// inputs hold no NaN but the guard bands around every buffer do, so a nonzero count is a read out
+// of bounds, even one whose value the kernel then discards (which a GPU may turn into a fault).
+inline std::atomic<long> nan_reads{0};
+
+struct Scalar {
+  double x;
+  Scalar() = default;
+  explicit Scalar(double v) : x(v) {}
+  explicit operator double() const {
+    if (x != x) nan_reads.fetch_add(1, std::memory_order_relaxed);
+    return x;
+  }
+};
+static_assert(sizeof(Scalar) == sizeof(double), "Scalar buffers are double buffers");
+
 struct Warp {
   explicit Warp(std::ptrdiff_t lanes) : barrier(lanes) {}
   std::barrier<> barrier;
@@ -47,9 +67,17 @@ struct Block {
 
 inline thread_local Block* block = nullptr;
 
-// Runs kernel() as grid x threads CUDA threads (1-D grid and blocks).
+// What a 1-D launch may ask for on any GPU since sm_30 (cudaErrorInvalidConfiguration otherwise).
+constexpr unsigned kMaxThreadsPerBlock = 1024, kMaxGridX = 0x7fffffffu;
+
+// Runs kernel() as grid x threads CUDA threads (1-D grid and blocks). Returns false and runs nothing
+// for a configuration the GPU would refuse, so that the harness reports it instead of emulating it.
 template <typename Kernel>
-void launch(unsigned grid, unsigned threads, Kernel kernel) {
+bool launch(long long grid_blocks, long long block_threads, Kernel kernel) {
+  if (grid_blocks < 1 || grid_blocks > kMaxGridX || block_threads < 1 || block_threads > kMaxThreadsPerBlock) {
+    return false;
+  }
+  const unsigned grid = static_cast<unsigned>(grid_blocks), threads = static_cast<unsigned>(block_threads);
   gridDim = {grid, 1, 1};
   blockDim = {threads, 1, 1};
   for (unsigned b = 0; b < grid; ++b) {
@@ -65,6 +93,7 @@ void launch(unsigned grid, unsigned threads, Kernel kernel) {
     }
     for (auto& th : pool) th.join();
   }
+  return true;
 }
 
 }  // namespace emu

@@ -1,5 +1,8 @@
-// C entry points (for ctypes) that run the kernel headers of cuda/ under cuda_emu.h in float64,
-// with the launch geometry the launchers in cuda/*.cu use. Returns 0, or -1 if no tier fits.
+// C entry points (for ctypes) that run the kernel headers of cuda/ under cuda_emu.h in float64
+// (scalar_t emu::Scalar, acc_t double), with the launch geometry the launchers in cuda/*.cu use.
+// Returns kOk or one of the errors below.
+#include <cstring>
+
 #include "cuda_emu.h"
 
 #include "col_kernel.cuh"
@@ -7,61 +10,106 @@
 #include "step_kernel.cuh"
 
 namespace fw {
-alignas(16) unsigned char smem_raw[1 << 16];  // the step kernel's dynamic shared memory
+// The step kernel's dynamic shared memory. Only the first step_smem_bytes (what the launcher asks
+// for) exist on a GPU; all of it starts as 0xff bytes (NaN as float and as double), so a read beyond
+// the launch's size (or before the kernel's own write) poisons the output, and a write beyond it is
+// reported.
+alignas(16) unsigned char smem_raw[1 << 16];
 }
+
+namespace {
+constexpr int kOk = 0, kNoTier = -1, kLaunchRefused = -2, kSharedOverrun = -3, kNanRead = -4;
+constexpr unsigned char kCanary = 0xff;
+using fw::ColArgs, fw::RowArgs, emu::Scalar;
+
+const Scalar* in(const double* p) { return reinterpret_cast<const Scalar*>(p); }
+Scalar* out(double* p) { return reinterpret_cast<Scalar*>(p); }
+
+// kOk, or kNanRead if an input element read since the last call was NaN (out of bounds).
+int reads_ok() { return emu::nan_reads.exchange(0) == 0 ? kOk : kNanRead; }
+}  // namespace
 
 extern "C" {
 
 int emu_col(int mode, const double* q, const double* k, const double* v, const double* beta,
-            const double* state_in, double* state_out, double* out, double* aux, int heads, int T, int P,
+            const double* state_in, double* state_out, double* o, double* aux, int heads, int T, int P,
             int Q, int reverse) {
   using namespace fw;
+  if (heads == 0 || Q == 0) return kOk;  // as launch_col
+  emu::nan_reads = 0;
+  bool launched = false;
   const bool ok = col_tier(P, [&](auto tier) {
     using Tier = decltype(tier);
     const int col_blocks = ceil_div(Q, Tier::kColsPerBlock);
-    const ColArgs<double, double> a{q, k, v, beta, state_in, state_out, out, aux, T, P, Q, col_blocks, reverse != 0};
-    const unsigned grid = heads * col_blocks, block = kColWarps * kWarp;
+    const ColArgs<Scalar, double> a{in(q), in(k),     in(v), in(beta), state_in, state_out, out(o), aux,
+                                    T,     P,         Q,     col_blocks, reverse != 0};
+    const int64_t grid = int64_t(heads) * col_blocks;
+    const unsigned block = kColWarps * kWarp;
     switch (static_cast<ColMode>(mode)) {
       case ColMode::kSum:
-        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kSum>(a); });
+        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kSum>(a); });
         break;
       case ColMode::kDelta:
-        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kDelta>(a); });
+        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kDelta>(a); });
         break;
       case ColMode::kDeltaGrad:
-        emu::launch(grid, block, [&] { col_kernel<double, double, Tier, ColMode::kDeltaGrad>(a); });
+        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kDeltaGrad>(a); });
         break;
     }
   });
-  return ok ? 0 : -1;
+  return !ok ? kNoTier : !launched ? kLaunchRefused : reads_ok();
 }
 
 int emu_delta_rows(const double* q, const double* k, const double* v, const double* beta, const double* dout,
                    const double* vbar, const double* du, const double* state0, const double* dfinal, double* dk_part,
                    double* dq, double* dk, double* dbeta, int heads, int T, int E, int M) {
   using namespace fw;
-  RowArgs<double, double> a{q, k, v, beta, dout, vbar, du, state0, dk_part, dq, dk, dbeta, T, E, M,
-                            row_blocks_per_head(E)};
-  const unsigned grid = heads * row_blocks_per_head(E);
+  if (heads == 0 || E == 0) return kOk;  // as launch_delta_grad_rows
+  emu::nan_reads = 0;
+  RowArgs<Scalar, double> a{in(q),   in(k),   in(v),      in(beta), in(dout), vbar, du, state0, dk_part,
+                            out(dq), out(dk), out(dbeta), T,        E,        M,    row_blocks_per_head(E)};
+  const int64_t grid = int64_t(heads) * row_blocks_per_head(E);
+  bool launched = false;
   const bool ok = row_tier(M, [&](auto tier) {
     constexpr int J = decltype(tier)::J;
-    emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<double, double, J, false>(a); });
+    launched = emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, false>(a); });
     a.state = dfinal;
-    emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<double, double, J, true>(a); });
+    launched = launched &&
+               emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, true>(a); });
   });
-  return ok ? 0 : -1;
+  return !ok ? kNoTier : !launched ? kLaunchRefused : reads_ok();
 }
 
 int emu_step(int delta, const double* q, const double* k, const double* v, const double* beta, double* state,
              double* o, int heads, int E, int M) {
   using namespace fw;
+  if (heads == 0 || M == 0) return kOk;  // as launch_step
   const int groups = step_groups(E, M);
-  if (delta) {
-    emu::launch(heads, groups * M, [&] { step_kernel<double, double, true>(q, k, v, beta, state, o, E, M, groups); });
-  } else {
-    emu::launch(heads, groups * M, [&] { step_kernel<double, double, false>(q, k, v, beta, state, o, E, M, groups); });
+  const size_t smem = step_smem_bytes<double>(E, M, groups);
+  if (smem > sizeof(smem_raw)) return kLaunchRefused;
+  std::memset(smem_raw, kCanary, sizeof(smem_raw));  // also poisons reads before the kernel's writes
+  emu::nan_reads = 0;
+  const auto kernel = [&] {
+    if (delta) {
+      step_kernel<Scalar, double, true>(in(q), in(k), in(v), in(beta), state, out(o), E, M, groups);
+    } else {
+      step_kernel<Scalar, double, false>(in(q), in(k), in(v), in(beta), state, out(o), E, M, groups);
+    }
+  };
+  if (!emu::launch(heads, groups * M, kernel)) return kLaunchRefused;
+  for (size_t i = smem; i < sizeof(smem_raw); ++i) {
+    if (smem_raw[i] != kCanary) return kSharedOverrun;
   }
-  return 0;
+  return reads_ok();
+}
+
+// The step launcher's block for E, M: threads, and dynamic shared memory bytes for acc_t = double
+// (the widest), so that tests can check every shape the binding accepts against the launch limits.
+void emu_step_geometry(int E, int M, int* threads, long long* smem) {
+  using namespace fw;
+  const int groups = step_groups(E, M);
+  *threads = groups * M;
+  *smem = static_cast<long long>(step_smem_bytes<double>(E, M, groups));
 }
 
 }  // extern "C"
