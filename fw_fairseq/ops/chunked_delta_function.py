@@ -29,12 +29,14 @@ import torch
 _INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
 
 
-def unit_lower_inverse(L):
-    """(I + L)⁻¹ for strictly lower triangular L [..., C, C].
+def unit_lower_inverse_(L):
+    """(I + L)⁻¹ for strictly lower triangular L [..., C, C], written over L (which must be contiguous
+    and is consumed: a fresh [..., C, C] buffer costs as much as the arithmetic on a CPU).
 
     Block forward substitution: the diagonal blocks (at most _INVERSE_BLOCK wide) are inverted by one
-    batched triangular solve, then block row i below them is T_i,<i = −T_ii (L_i,<i T_<i,<i).
-    A direct solve against an identity costs several times more for C = 32..64 on a CPU.
+    batched triangular solve, then block row i is T_i,<i = −T_ii (L_i,<i T_<i,<i), which reads only
+    L's block row i and the rows of T above it, so T can replace L row block by row block. A direct
+    solve against an identity costs several times more for C = 32..64 on a CPU.
     """
     C = L.shape[-1]
     n_blocks = -(-C // _INVERSE_BLOCK)
@@ -45,17 +47,15 @@ def unit_lower_inverse(L):
         return torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
     if padded != C:
         L = torch.nn.functional.pad(L, (0, padded - C, 0, padded - C))
-    Lf = L.reshape(-1, padded, padded)  # [G, C', C']
-    G = Lf.shape[0]
-    diagonal = (G, n_blocks, b, b), (padded * padded, b * padded + b, padded, 1)  # the diagonal blocks as a view
-    T = torch.zeros_like(Lf)
-    T_diag = T.as_strided(*diagonal)  # [G, n_blocks, b, b]
-    T_diag.copy_(torch.linalg.solve_triangular(Lf.as_strided(*diagonal) + eye, eye.expand(G, n_blocks, b, b),
+    T = L.view(-1, padded, padded)  # [G, C', C'], L becoming T in place
+    G = T.shape[0]
+    T_diag = T.as_strided((G, n_blocks, b, b), (padded * padded, b * padded + b, padded, 1))  # [G, n_blocks, b, b]
+    T_diag.copy_(torch.linalg.solve_triangular(T_diag + eye, eye.expand(G, n_blocks, b, b),
                                                upper=False, unitriangular=True))
     for i in range(1, n_blocks):
         rows, done = slice(i * b, (i + 1) * b), i * b
-        T[:, rows, :done] = -torch.bmm(T_diag[:, i], torch.bmm(Lf[:, rows, :done], T[:, :done, :done]))
-    return T.view(L.shape)[..., :C, :C]
+        T[:, rows, :done] = -torch.bmm(T_diag[:, i], torch.bmm(T[:, rows, :done], T[:, :done, :done]))
+    return L[..., :C, :C]
 
 
 class ChunkedDelta(torch.autograd.Function):
@@ -67,8 +67,11 @@ class ChunkedDelta(torch.autograd.Function):
         M = V.shape[-1]
         K_, b = K.view(G * N, C, E), beta.view(G * N, C, 1)
         X = torch.bmm(K_, K_.transpose(1, 2)).tril_(-1)  # [GN, C, C], k_t . k_s for s < t
-        T = unit_lower_inverse(X * b)  # [GN, C, C]
-        Tb = (T * b.transpose(1, 2)).view(G, N, C, C)  # T diag(beta)
+        # without a backward X and T are not needed once scaled: scale them in place (fewer fresh buffers)
+        L = X * b if save_for_backward else X.mul_(b)  # diag(beta) X
+        T = unit_lower_inverse_(L)  # [GN, C, C], over L
+        Tb = T * b.transpose(1, 2) if save_for_backward else T.mul_(b.transpose(1, 2))  # T diag(beta)
+        Tb = Tb.view(G, N, C, C)
         P = None if Q is None else torch.bmm(Q.view(G * N, C, E), K_.transpose(1, 2)).tril_()  # [GN, C, C], s <= t
         P4 = None if P is None else P.view(G, N, C, C)
         outs, rs, us, states = [], [], [], []  # per chunk: o, r, u [G, C, M]; S_n [G, E, M] or None (zero)
@@ -138,12 +141,14 @@ class ChunkedDelta(torch.autograd.Function):
             if states is not None:
                 dQ.baddbmm_(dO_, states.view(GN, E, M).transpose(1, 2))
             dQ = dQ.view(G, N, C, E)
+        # the [GN, C, C] temporaries below reuse two buffers: fresh ones cost as much as the matmuls on a CPU
         dTb = torch.bmm(du_, r.view(GN, C, M).transpose(1, 2))  # [GN, C, C]
-        dbeta = (dTb * T).sum(1)  # [GN, C], column sums
-        dT = dTb * b.transpose(1, 2)
+        product = dTb * T
+        dbeta = product.sum(1)  # [GN, C], column sums of dT_β ⊙ T
+        dT = dTb.mul_(b.transpose(1, 2))
         Tt = T.transpose(1, 2)
-        dL = torch.bmm(torch.bmm(Tt, dT), Tt).neg_().tril_(-1)  # [GN, C, C]
-        dbeta += (dL * X).sum(2)  # row sums
-        dX = dL * b
+        dL = torch.bmm(torch.bmm(Tt, dT), Tt, out=dT).neg_().tril_(-1)  # [GN, C, C], over dT
+        dbeta += torch.mul(dL, X, out=product).sum(2)  # row sums of dL ⊙ X
+        dX = dL.mul_(b)
         dK.baddbmm_(dX + dX.transpose(1, 2), K_)
         return dQ, dK.view(G, N, C, E), dr, dbeta.view(G, N, C), dS0, None, None

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
-from fw_fairseq.ops.chunked_delta_function import unit_lower_inverse
+from fw_fairseq.ops.chunked_delta_function import unit_lower_inverse_
 from fw_fairseq.ops.naive import naive_delta, naive_sum
 
 
@@ -13,7 +13,7 @@ def test_unit_lower_inverse_matches_dense_inverse(C):
     g = torch.Generator().manual_seed(C)
     L = torch.randn(3, 2, C, C, generator=g, dtype=torch.float64).tril(-1) / C
     expected = torch.linalg.inv(L + torch.eye(C, dtype=torch.float64))
-    torch.testing.assert_close(unit_lower_inverse(L), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(unit_lower_inverse_(L.clone()), expected, rtol=1e-12, atol=1e-12)
 
 
 def _call(rule, impl, q, k, v, beta, state, chunk):
