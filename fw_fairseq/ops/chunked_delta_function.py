@@ -25,6 +25,7 @@ Q may be None (a pure write: fast_weight_write). Saved for backward: the inputs,
 scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 """
 import torch
+from torch.autograd.function import once_differentiable
 
 _INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
 
@@ -103,6 +104,7 @@ class ChunkedDelta(torch.autograd.Function):
         return o, (S if need_final else None)
 
     @staticmethod
+    @once_differentiable  # the hand-written backward is not itself differentiable: fail loudly
     def backward(ctx, dO, dS_final):
         Q, K, beta, X, T, u, r, P, states = ctx.saved_tensors
         G, N, C, E = K.shape

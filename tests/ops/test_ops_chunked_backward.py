@@ -80,3 +80,13 @@ def test_forward_without_autograd_matches_recorded_forward(make_inputs, rule):
     assert recorded[0].grad_fn is not None and plain[0].grad_fn is None
     for a, b in zip(plain, recorded):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_double_backward_is_refused(make_inputs, rule):
+    # once_differentiable: the first-order gradients carry no graph, so a second derivative raises
+    inputs = make_inputs(T=20, requires_grad=True)
+    o, _ = _call(rule, "chunked", *inputs, chunk=8)
+    (g,) = torch.autograd.grad(o.sum(), inputs[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(g.sum(), inputs[1])
