@@ -9,8 +9,13 @@ ops cannot use a second thread; the chunked form's batched matmuls can, which is
 
 Time: median over --repeats of forward (no_grad) and forward+backward (random upstream gradient on
 the output); naive and chunked alternate within each repeat so that load from other processes hits
-both alike. Peak memory of forward+backward: torch's CPU allocator sits on malloc, which tracemalloc
-cannot see, so each config runs in a fresh subprocess: it warms up on a short sequence (so that
+both alike, and every timed call follows an untimed call of the same op, so that each is timed in
+its own steady state, as in a training loop. (Without that, each op pays for the memory the other
+just freed: the naive loop frees over 100 MiB per forward+backward, which the chunked forward
+timed next paid for, mostly in page faults: about 1.5 ms of its 5 ms at T = 512 on the 2-core
+machine.)
+
+Peak memory of forward+backward: torch's CPU allocator sits on malloc, which tracemalloc cannot see, so each config runs in a fresh subprocess: it warms up on a short sequence (so that
 lazily paged-in library code does not count), builds its inputs, resets the kernel's resident-set
 high-water mark (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0) and reports VmHWM - VmRSS after
 one forward+backward: the extra resident memory the step needed at its peak. The subprocess runs
@@ -31,7 +36,7 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.ops import sum_normalize
-from fw_fairseq.ops.chunked import DELTA_CHUNK_SIZE, SUM_CHUNK_SIZE, chunked_delta, chunked_sum
+from fw_fairseq.ops.chunked import DELTA_CHUNK_SIZE, DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE, chunked_delta, chunked_sum
 from fw_fairseq.ops.naive import naive_delta, naive_sum
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,6 +59,11 @@ def make_inputs(B, H, T, D, requires_grad):
     return [x.requires_grad_(requires_grad) for x in (q, k, v, beta)]
 
 
+def forward_only(fn, inputs):
+    with torch.no_grad():
+        fn(*inputs)
+
+
 def forward_backward(fn, inputs, grad_out):
     o = fn(*inputs)
     torch.autograd.grad(o, inputs, grad_out, allow_unused=True)  # the sum rule has no beta
@@ -68,15 +78,13 @@ def time_config(rule, T, args):
     for repeat in range(args.repeats + 1):  # repeat 0 warms up and is discarded
         for impl in impls:
             fn = IMPLS[rule, impl]
-            start = time.perf_counter()
-            with torch.no_grad():
-                fn(*inputs)
-            middle = time.perf_counter()
-            forward_backward(fn, inputs, grad_out)
-            end = time.perf_counter()
-            if repeat:
-                times[impl]["fwd"].append(1e3 * (middle - start))
-                times[impl]["fwd_bwd"].append(1e3 * (end - middle))
+            for key, step in (("fwd", lambda: forward_only(fn, inputs)),
+                              ("fwd_bwd", lambda: forward_backward(fn, inputs, grad_out))):
+                step()  # untimed: the timed call then finds the allocator as this op leaves it
+                start = time.perf_counter()
+                step()
+                if repeat:
+                    times[impl][key].append(1e3 * (time.perf_counter() - start))
     return {impl: {key: statistics.median(ms) for key, ms in t.items()} for impl, t in times.items()}
 
 
@@ -203,9 +211,9 @@ def main():
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
 
-    chunks = f"chunk {SUM_CHUNK_SIZE} (sum) / {DELTA_CHUNK_SIZE} (delta)"
+    chunks = (f"chunk {SUM_CHUNK_SIZE} (sum) / {DELTA_CHUNK_SIZE} (delta; one chunk up to T = {DELTA_ONE_CHUNK_MAX})")
     config = {"B": args.batch, "H": args.heads, "E": args.dim, "M": args.dim, "dtype": "float32",
-              "chunk_size": {"sum": SUM_CHUNK_SIZE, "delta": DELTA_CHUNK_SIZE}, "threads": thread_counts,
+              "chunk_size": {"sum": SUM_CHUNK_SIZE, "delta": DELTA_CHUNK_SIZE, "delta_one_chunk_max": DELTA_ONE_CHUNK_MAX}, "threads": thread_counts,
               "repeats": args.repeats, "statistic": "median"}
     result = {"machine": machine_info(), "config": config, "rows": rows}
     name = "ops_cpu_quick" if args.quick else "ops_cpu"

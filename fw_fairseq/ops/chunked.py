@@ -19,11 +19,14 @@ from .chunked_delta_function import ChunkedDelta
 from .chunked_sum_function import ChunkedSum
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-# Default (maximum) chunk lengths. 64 was the fastest of 16/32/64 for forward+backward on a 2-core
-# CPU at machine-translation shapes (B*H = 256 heads, T = 25..256); with few heads (B*H = 16) and
-# T = 512 the delta rule runs about 10% faster with 32, not worth slower training.
+# Default (maximum) chunk lengths, from benchmarks on a 2-core CPU with 1 and 2 threads at
+# B*H = 16..256 heads, T = 25..512. The sum rule is about as fast with 32 or 64 and takes 64. The
+# delta rule is up to 30% faster with 32 once a sequence needs several chunks (its loop does more
+# per chunk), but a sequence that fits in one chunk is cheaper as one (no loop, no state): a
+# sequence of up to DELTA_ONE_CHUNK_MAX positions is one chunk, a longer one chunks of at most 32.
 SUM_CHUNK_SIZE = 64
-DELTA_CHUNK_SIZE = 64
+DELTA_CHUNK_SIZE = 32
+DELTA_ONE_CHUNK_MAX = 64
 
 
 def state_dtype(dtype):
@@ -88,14 +91,17 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
     return o, _unflatten_state(S, B, H)
 
 
-def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, chunk_size=DELTA_CHUNK_SIZE):
+def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, chunk_size=None):
     """Causal delta rule in the chunkwise WY/UT form (Yang et al., 2024; ChunkedDelta).
 
     Returns (o [B, H, T, M] or None, state [B, H, E, M] or None). q may be None (a pure write, as in
-    fast_weight_write): then no output is computed and o is None.
+    fast_weight_write): then no output is computed and o is None. chunk_size: the longest chunk;
+    None picks one chunk up to DELTA_ONE_CHUNK_MAX positions, else chunks of DELTA_CHUNK_SIZE.
     """
     (B, H, T, _), out_dtype = k.shape, (v.dtype if q is None else q.dtype)
     dtype = state_dtype(out_dtype)
+    if chunk_size is None:
+        chunk_size = T if T <= DELTA_ONE_CHUNK_MAX else DELTA_CHUNK_SIZE
     C = _balanced_chunk(T, chunk_size)
     K, V, Bt = (_head_major_chunks(x, C, dtype) for x in (k, v, beta))  # [BH, N, C, E|M], [BH, N, C]
     Q = None if q is None else _head_major_chunks(q, C, dtype)
