@@ -27,6 +27,8 @@ scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 import torch
 from torch.autograd.function import once_differentiable
 
+from .chunk_states import stack_chunk_states
+
 _INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
 
 
@@ -65,7 +67,6 @@ class ChunkedDelta(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, beta, S0, need_final, save_for_backward):
         G, N, C, E = K.shape
-        M = V.shape[-1]
         K_, b = K.view(G * N, C, E), beta.view(G * N, C, 1)
         X = torch.bmm(K_, K_.transpose(1, 2)).tril_(-1)  # [GN, C, C], k_t . k_s for s < t
         # without a backward X and T are not needed once scaled: scale them in place (fewer fresh buffers)
@@ -93,12 +94,7 @@ class ChunkedDelta(torch.autograd.Function):
         o = None if Q is None else torch.stack(outs, 1)  # [G, N, C, M]
         if save_for_backward:
             u, r = torch.stack(us, 1), torch.stack(rs, 1)  # [G, N, C, M]
-            if all(x is None for x in states):  # one chunk, no initial state: nothing was read
-                states = None
-            else:
-                zero = K.new_zeros(G, E, M)
-                states = torch.stack([zero if x is None else x for x in states], 1)  # [G, N, E, M]
-            ctx.save_for_backward(Q, K, beta, X, T, u, r, P, states)
+            ctx.save_for_backward(Q, K, beta, X, T, u, r, P, stack_chunk_states(states, K))  # states [G, N, E, M]
             ctx.has_S0 = S0 is not None
             ctx.set_materialize_grads(False)
         return o, (S if need_final else None)

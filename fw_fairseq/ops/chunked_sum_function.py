@@ -16,6 +16,8 @@ views, and the loops over chunks read strided [G, E, M] slices (no in-place matm
 import torch
 from torch.autograd.function import once_differentiable
 
+from .chunk_states import stack_chunk_states
+
 
 class ChunkedSum(torch.autograd.Function):
     """(o [G, N, C, M], final state [G, E, M] or None) = causal sum rule over chunked inputs."""
@@ -23,29 +25,24 @@ class ChunkedSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, V, S0, need_final, save_for_backward):
         G, N, C, E = K.shape
-        M = V.shape[-1]
         Q_, K_ = Q.view(G * N, C, E), K.view(G * N, C, E)
         P = torch.bmm(Q_, K_.transpose(1, 2)).tril_()  # [GN, C, C], s <= t
         P4 = P.view(G, N, C, C)
         # Chunk by chunk: O_n = P_n V_n + Q_n S_n, S_{n+1} = S_n + K_nᵀ V_n. Fresh per-chunk results
         # are stacked once; a batched prefix sum over all chunks allocates and touches an extra
         # [G, N, E, M] buffer, slower on a CPU. The states are stacked only for the backward.
-        outs, states = [], []  # [G, C, M]; [G, E, M] or None (zero)
+        outs, states = [], []  # per chunk: o [G, C, M]; kept for backward: S_n [G, E, M] or None (zero)
         S = S0  # None while the state is still zero
         for n in range(N):
             o = torch.bmm(P4[:, n], V[:, n])
             outs.append(o if S is None else o.baddbmm_(Q[:, n], S))
-            states.append(S)
+            if save_for_backward:
+                states.append(S)
             if n + 1 < N or need_final:
                 write = K[:, n].transpose(1, 2)  # [G, E, C]
                 S = torch.bmm(write, V[:, n]) if S is None else torch.baddbmm(S, write, V[:, n])
         if save_for_backward:
-            if all(x is None for x in states):  # one chunk, no initial state: nothing was read
-                states = None
-            else:
-                zero = K.new_zeros(G, E, M)
-                states = torch.stack([zero if x is None else x for x in states], 1)  # [G, N, E, M]
-            ctx.save_for_backward(Q, K, V, P, states)
+            ctx.save_for_backward(Q, K, V, P, stack_chunk_states(states, K))  # states [G, N, E, M]
             ctx.has_S0 = S0 is not None
             ctx.set_materialize_grads(False)
         return torch.stack(outs, 1), (S if need_final else None)

@@ -5,7 +5,8 @@ import torch
 
 from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
 from fw_fairseq.ops.chunked_delta_function import unit_lower_inverse_
-from fw_fairseq.ops.naive import naive_delta, naive_sum
+from fw_fairseq.ops.naive import naive_delta
+from rule_runner import run_rule
 
 
 @pytest.mark.parametrize("C", [1, 5, 16, 17, 33, 64])
@@ -14,14 +15,6 @@ def test_unit_lower_inverse_matches_dense_inverse(C):
     L = torch.randn(3, 2, C, C, generator=g, dtype=torch.float64).tril(-1) / C
     expected = torch.linalg.inv(L + torch.eye(C, dtype=torch.float64))
     torch.testing.assert_close(unit_lower_inverse_(L.clone()), expected, rtol=1e-12, atol=1e-12)
-
-
-def _call(rule, impl, q, k, v, beta, state, chunk):
-    if rule == "sum":
-        return chunked_sum(q, k, v, state, True, chunk_size=chunk) if impl == "chunked" else naive_sum(q, k, v, state, True)
-    if impl == "chunked":
-        return chunked_delta(q, k, v, beta, state, True, chunk_size=chunk)
-    return naive_delta(q, k, v, beta, state, True)
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
@@ -34,7 +27,7 @@ def test_backward_with_partial_upstream(make_inputs, rule, upstream, with_state,
     wrt = [x for x in (q, k, v, beta if rule == "delta" else None, state) if x is not None]
 
     def grads(impl):
-        o, s = _call(rule, impl, q, k, v, beta, state, chunk)
+        o, s = run_rule(rule, impl, q, k, v, beta, state, chunk)
         out = o if upstream == "output" else s
         g = torch.Generator().manual_seed(3)
         return torch.autograd.grad(out, wrt, torch.randn(out.shape, generator=g, dtype=out.dtype), allow_unused=True)
@@ -74,9 +67,9 @@ def test_gradcheck_several_chunks_and_block_inverse(make_inputs, rule):
 def test_forward_without_autograd_matches_recorded_forward(make_inputs, rule):
     # the Functions skip stacking their saved tensors when no backward can follow
     inputs = make_inputs(T=29, requires_grad=True)
-    recorded = _call(rule, "chunked", *inputs, chunk=8)
+    recorded = run_rule(rule, "chunked", *inputs, chunk=8)
     with torch.no_grad():
-        plain = _call(rule, "chunked", *inputs, chunk=8)
+        plain = run_rule(rule, "chunked", *inputs, chunk=8)
     assert recorded[0].grad_fn is not None and plain[0].grad_fn is None
     for a, b in zip(plain, recorded):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -86,7 +79,7 @@ def test_forward_without_autograd_matches_recorded_forward(make_inputs, rule):
 def test_double_backward_is_refused(make_inputs, rule):
     # once_differentiable: the first-order gradients carry no graph, so a second derivative raises
     inputs = make_inputs(T=20, requires_grad=True)
-    o, _ = _call(rule, "chunked", *inputs, chunk=8)
+    o, _ = run_rule(rule, "chunked", *inputs, chunk=8)
     (g,) = torch.autograd.grad(o.sum(), inputs[0], create_graph=True)
     with pytest.raises(RuntimeError, match="does not require grad"):
         torch.autograd.grad(g.sum(), inputs[1])

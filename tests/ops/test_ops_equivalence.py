@@ -3,25 +3,16 @@ import pytest
 import torch
 
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
-from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
 from fw_fairseq.ops.naive import naive_delta, naive_sum, quadratic_sum
+from rule_runner import run_rule
 
 # (B, H, T, E, M, chunk): T not a multiple of the chunk, T = 1, T a multiple, T < chunk, chunk 1
 SHAPES = [(2, 3, 37, 8, 5, 8), (1, 2, 1, 4, 4, 64), (2, 1, 64, 6, 3, 16), (1, 1, 20, 9, 4, 64), (1, 2, 7, 4, 6, 1)]
 
 
-def _run(rule, impl, q, k, v, beta, state, chunk=64):
-    """(o, final_state) of one implementation; impl in naive / chunked / public."""
-    if rule == "sum":
-        fn = {"naive": naive_sum, "chunked": lambda *a: chunked_sum(*a, chunk_size=chunk), "public": fast_weight_sum}
-        return fn[impl](q, k, v, state, True)
-    fn = {"naive": naive_delta, "chunked": lambda *a: chunked_delta(*a, chunk_size=chunk), "public": fast_weight_delta}
-    return fn[impl](q, k, v, beta, state, True)
-
-
 def _grads(rule, impl, inputs, upstream, chunk=64):
     """Gradients w.r.t. q, k, v, (beta), initial_state under random upstream gradients on (o, state)."""
-    o, state = _run(rule, impl, *inputs, chunk=chunk)
+    o, state = run_rule(rule, impl, *inputs, chunk=chunk)
     wrt = [x for i, x in enumerate(inputs) if rule == "delta" or i != 3]
     return torch.autograd.grad((o, state), wrt, grad_outputs=upstream)
 
@@ -32,8 +23,8 @@ def _grads(rule, impl, inputs, upstream, chunk=64):
 def test_matches_naive_outputs_states_and_grads(make_inputs, rule, shape, impl):
     B, H, T, E, M, chunk = shape
     inputs = make_inputs(B, H, T, E, M, requires_grad=True)
-    o_ref, s_ref = _run(rule, "naive", *inputs)
-    o, s = _run(rule, impl, *inputs, chunk=chunk)
+    o_ref, s_ref = run_rule(rule, "naive", *inputs)
+    o, s = run_rule(rule, impl, *inputs, chunk=chunk)
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
 
@@ -57,11 +48,11 @@ def test_sum_rule_matches_quadratic_oracle(make_inputs, T):
 @pytest.mark.parametrize("split", [1, 13, 64, 99])
 def test_split_and_resume_equals_one_call(make_inputs, rule, split):
     q, k, v, beta, state = make_inputs(T=100)
-    o_full, s_full = _run(rule, "public", q, k, v, beta, state)
+    o_full, s_full = run_rule(rule, "public", q, k, v, beta, state)
     first = [x[:, :, :split] for x in (q, k, v, beta)]
     second = [x[:, :, split:] for x in (q, k, v, beta)]
-    o1, s1 = _run(rule, "public", *first, state)
-    o2, s2 = _run(rule, "public", *second, s1)
+    o1, s1 = run_rule(rule, "public", *first, state)
+    o2, s2 = run_rule(rule, "public", *second, s1)
     torch.testing.assert_close(torch.cat([o1, o2], dim=2), o_full, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s2, s_full, rtol=1e-10, atol=1e-10)
 
@@ -80,8 +71,8 @@ def test_no_final_state_unless_asked_and_zero_initial_state(make_inputs, rule):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
 def test_low_precision_inputs_give_float32_state(make_inputs, rule, dtype, tol):
     ref_in = make_inputs(T=70)
-    o_ref, s_ref = _run(rule, "naive", *ref_in)
-    o, s = _run(rule, "public", *[x.to(dtype) for x in ref_in])
+    o_ref, s_ref = run_rule(rule, "naive", *ref_in)
+    o, s = run_rule(rule, "public", *[x.to(dtype) for x in ref_in])
     assert o.dtype == dtype and s.dtype == torch.float32
     torch.testing.assert_close(o.double(), o_ref, rtol=tol, atol=tol)
     torch.testing.assert_close(s.double(), s_ref, rtol=tol, atol=tol)
@@ -102,8 +93,8 @@ def test_non_contiguous_inputs(make_inputs, rule):
     views = [x.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for x in (q, k, v)]
     beta_view = beta.permute(2, 0, 1).contiguous().permute(1, 2, 0)
     assert not views[0].is_contiguous()
-    o, s = _run(rule, "public", *views, beta_view, state.transpose(-1, -2).contiguous().transpose(-1, -2))
-    o_ref, s_ref = _run(rule, "naive", q, k, v, beta, state)
+    o, s = run_rule(rule, "public", *views, beta_view, state.transpose(-1, -2).contiguous().transpose(-1, -2))
+    o_ref, s_ref = run_rule(rule, "naive", q, k, v, beta, state)
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
 
@@ -119,6 +110,6 @@ def test_autograd_keeps_states_per_chunk_not_per_step(make_inputs, rule):
         return x
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        _run(rule, "public", *inputs, chunk=64)
+        run_rule(rule, "public", *inputs, chunk=64)
     saved, per_step_states = sum(storages.values()), B * H * T * E * M
     assert saved < per_step_states / 4, f"saved {saved} elements, per-step states would be {per_step_states}"
