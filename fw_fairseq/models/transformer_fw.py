@@ -97,6 +97,11 @@ class FastWeightTransformerModel(TransformerModel):
         return FastWeightTransformerDecoder(cfg, tgt_dict, embed_tokens,
                                             no_encoder_attn=cfg.no_cross_attention)
 
+    def set_beam_size(self, beam_size):
+        """fairseq's generator tells only the model (not its decoder) the beam size; the
+        cross-attention needs it to keep one source memory per sentence instead of per beam."""
+        self.decoder.set_beam_size(beam_size)
+
 
 @register_model_architecture("transformer_fw", "transformer_fw")
 def transformer_fw(args):

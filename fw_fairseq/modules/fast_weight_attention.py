@@ -151,10 +151,11 @@ class FastWeightAttention(nn.Module):
         cached = self.encoder_decoder_attention and buffer is not None  # generation: keep the memory
         memory = buffer.get("memory") if cached else None
         if memory is None:
-            if cached and self.beam_size > 1:  # a sentence's beams share its source: write it once
-                key = key[:, ::self.beam_size]  # [S, B / beam, C]
+            beam = self._source_beam(key, key_padding_mask) if cached else 1
+            if beam > 1:  # a sentence's beams share its source: write it once
+                key = key[:, ::beam]  # [S, B / beam, C]
                 if key_padding_mask is not None:
-                    key_padding_mask = key_padding_mask[::self.beam_size]
+                    key_padding_mask = key_padding_mask[::beam]
             writes = self._project_writes(key)
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
@@ -165,6 +166,9 @@ class FastWeightAttention(nn.Module):
                 if memory is None:  # the source is fixed: build its memory once per sentence
                     memory = fast_weight_write(*self._writes(*writes, key_padding_mask, dtype))
                     buffer["memory"] = memory  # [B / beam, H, E, D(+1)]
+                    # hypothesis -> its row of the memory: [0]*beam + [1]*beam + ...
+                    buffer["memory_rows"] = torch.arange(
+                        memory.size(0), device=memory.device).repeat_interleave(beam)
                     self._set_input_buffer(incremental_state, buffer)
                 o = self._read_per_sentence(phi_q, memory)
             elif not self.causal:
@@ -198,6 +202,20 @@ class FastWeightAttention(nn.Module):
         source memory is the same for a sentence's beams, so it is kept once per sentence."""
         self.beam_size = beam_size
 
+    def _source_beam(self, key: Tensor, key_padding_mask: Optional[Tensor]) -> int:
+        """The announced beam size if the source rows [S, B, C] really repeat in groups of it,
+        else 1. fairseq announces only sizes above 1, so after a beam-4 generator a beam-1 one
+        (fairseq's hub interface) still finds 4 here: sharing must not rest on the claim."""
+        beam = self.beam_size
+        if beam == 1 or key.size(1) % beam:
+            return 1
+        grouped = key.reshape(key.size(0), -1, beam, key.size(2))  # [S, B / beam, beam, C]
+        same = torch.equal(grouped, grouped[:, :, :1].expand_as(grouped))
+        if same and key_padding_mask is not None:
+            masks = key_padding_mask.reshape(-1, beam, key_padding_mask.size(1))
+            same = torch.equal(masks, masks[:, :1].expand_as(masks))
+        return beam if same else 1
+
     def _read_per_sentence(self, phi_q: Tensor, memory: Tensor) -> Tensor:
         """Every hypothesis reads its sentence's memory: phi_q [B, H, T, E] -> [B, H, T, D(+1)]."""
         sentences, beam = memory.shape[0], phi_q.shape[0] // memory.shape[0]
@@ -214,21 +232,35 @@ class FastWeightAttention(nn.Module):
                                   new_order: Tensor):
         """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor.
 
-        The per-sentence source memory moves only when whole sentences finish and leave the batch.
+        The source memory keeps one row per group of hypotheses that read the same row (a
+        sentence's beams); it is copied only when such groups leave or split.
         """
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return
-        beam = self.beam_size
+        memory, rows = buffer.get("memory"), buffer.get("memory_rows")
         for name, tensor in buffer.items():
-            if tensor is None:
-                continue
-            if name == "memory" and beam > 1:  # rows are sentences: [sentence, beam] layout
-                if tensor.size(0) * beam != new_order.size(0):
-                    buffer[name] = tensor.index_select(0, new_order.view(-1, beam)[:, 0] // beam)
-            else:
+            if tensor is not None and name != "memory":
                 buffer[name] = tensor.index_select(0, new_order)
+        if memory is not None and rows is not None:
+            beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
+            buffer["memory"], buffer["memory_rows"] = self._regroup(memory, buffer["memory_rows"],
+                                                                    beam)
         self._set_input_buffer(incremental_state, buffer)
+
+    @staticmethod
+    def _regroup(memory: Tensor, rows: Tensor, beam: int) -> Tuple[Tensor, Tensor]:
+        """memory [M, H, E, D] and the reordered hypothesis -> row map `rows` [B] -> a memory
+        whose row i serves hypotheses i*beam .. (i+1)*beam-1, and its row map."""
+        if rows.numel() % beam == 0:
+            groups = rows.view(-1, beam)  # [B / beam, beam]
+            if torch.equal(groups, groups[:, :1].expand_as(groups)):
+                heads = groups[:, 0]
+                if not torch.equal(heads, torch.arange(memory.size(0), device=heads.device)):
+                    memory = memory.index_select(0, heads)  # sentences left (or moved)
+                return memory, torch.arange(heads.numel(), device=rows.device).repeat_interleave(beam)
+        # the groups split: every hypothesis gets its own copy of its row
+        return memory.index_select(0, rows), torch.arange(rows.numel(), device=rows.device)
 
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
         result = self.get_incremental_state(incremental_state, "fw_state")

@@ -108,10 +108,11 @@ def test_cross_attention_cache_equals_recomputation():
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_beam_layout_keeps_one_source_memory_per_sentence(rule):
     """With fairseq's beam layout (set_beam_size), the cross-attention memory is stored once per
-    sentence; decoding, beam reordering and pruning finished sentences equal recomputation."""
+    sentence; decoding, beam reordering, pruning finished sentences and an order that mixes
+    sentences' beams (never fairseq's, but legal) equal recomputation."""
     model, d = build_model(fw_args("dpfp", rule))
     beam, sentences = 3, 4
-    model.decoder.set_beam_size(beam)
+    model.set_beam_size(beam)
     g = torch.Generator().manual_seed(6)
     src = random_tokens(d, sentences, 7, g).repeat_interleave(beam, dim=0)  # [sentence, beam] rows
     prev = random_tokens(d, sentences * beam, 6, g)
@@ -121,11 +122,13 @@ def test_beam_layout_keeps_one_source_memory_per_sentence(rule):
     decode_step_by_step(model, encoder_out, prev[:, :2], state)
     memory = model.decoder.layers[0].encoder_attn._get_input_buffer(state)["memory"]
     assert memory.shape[0] == sentences
-    # step 3: beams swap within their sentences; step 4: sentences 1 and 3 finish (pruned)
+    # step 3: beams swap within their sentences; step 4: sentences 1 and 3 finish (pruned);
+    # step 5: the two sentences' beams are mixed, so each hypothesis needs its own memory row
     within = torch.tensor([2, 0, 0, 3, 5, 4, 8, 6, 7, 11, 9, 10])
     pruned = torch.tensor([0, 1, 2, 6, 7, 8])
+    mixed = torch.tensor([3, 0, 1, 4, 5, 2])
     order, tail = torch.arange(sentences * beam), []
-    for t, new_order in [(2, within), (3, pruned)]:
+    for t, new_order in [(2, within), (3, pruned), (4, mixed)]:
         model.decoder.reorder_incremental_state_scripting(state, new_order)
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
         order = order[new_order]
@@ -133,4 +136,5 @@ def test_beam_layout_keeps_one_source_memory_per_sentence(rule):
                                   incremental_state=state)
         full, _ = model(src[order], lengths[order], prev[order, : t + 1])
         torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
-    assert model.decoder.layers[0].encoder_attn._get_input_buffer(state)["memory"].shape[0] == 2
+        memory = model.decoder.layers[0].encoder_attn._get_input_buffer(state)["memory"]
+        assert memory.shape[0] == {2: sentences, 3: 2, 4: 6}[t]
