@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 FAIRSEQ := fairseq-fixed==0.12.3.1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-kit clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_ops_cpu.py
+
+# The offline GPU node's kit (gpu_kit/): wheels for cp312 + sdists built there; needs only pip and network.
+gpu-kit:
+	$(PY) scripts/gpu_kit.py --out gpu_kit
 
 clean:
 	rm -rf $(VENV) build *.egg-info

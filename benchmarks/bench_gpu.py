@@ -1,6 +1,6 @@
 """GPU benchmark: the fast weight kernels (cuda/) side by side with the alternatives, in one run.
 
-    python3 benchmarks/bench_gpu.py --quick        # 8 training shapes and 4 decoding shapes
+    python3 benchmarks/bench_gpu.py --quick        # 12 training shapes and 6 decoding shapes
     python3 benchmarks/bench_gpu.py                # the full grid (long: split it with the filters)
     python3 benchmarks/bench_gpu.py --N 1024 --T 1024 2048 --E 512 --dtype bf16
 
@@ -250,7 +250,7 @@ def training_table(records, rule, dtype):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N=256, T in {256, 2048}, E in {64, 512}")
+    parser.add_argument("--quick", action="store_true", help="N=256, T in {64, 256, 2048}, E in {64, 512}")
     parser.add_argument("--N", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--T", type=int, nargs="+", default=[2**i for i in range(4, 12)])
     parser.add_argument("--E", type=int, nargs="+", default=[64, 256, 512])
@@ -261,8 +261,9 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu.py needs a CUDA GPU; see benchmarks/README.md")
-    if args.quick:
-        args.N, args.T, args.E, args.decode_N = [256], [256, 2048], [64, 512], [256, 5000]
+    if args.quick:  # MT lengths (64, 256) and one long sequence; the decoding target is read at N >= 1024
+        args.N, args.T, args.E, args.decode_N = [256], [64, 256, 2048], [64, 512], [256, 1024, 5000]
+        args.budget_ms = min(args.budget_ms, 100.0)
     device = torch.cuda.get_device_name()
     timer = Timer(args.budget_ms, max_reps=10 if args.quick else 30)
     training, decoding = [], []

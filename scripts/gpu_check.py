@@ -1,0 +1,238 @@
+"""The GPU check on an offline node (run through scripts/gpu_check.sh): install the kit, build, check, time.
+
+    scripts/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
+    scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, sanitizers, tests/cuda, ops benchmark
+    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, end-to-end training/decoding timing
+    scripts/gpu_check.sh --dry-run                                      # print the plan, run nothing
+
+Each step runs in its own process under a time limit taken from what is left of --budget-s; a failing or
+timed-out step is recorded and the next one runs. The output folder gets check.json (machine, versions,
+every step's status, time and log tail), logs.txt (every step's full output), the benchmarks' JSON files
+and summary.md (scripts/gpu_summary.py), at most 8 files so that a lent machine returns all of them.
+Builds go to ignored folders of the checkout (.gpu_site/ for the kit and fairseq, fw_fairseq/_cuda*.so),
+stamped with what they were built from, so a second part on the same machine skips them.
+"""
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("all", "kernels", "fairseq")
+SUMMARY_RESERVE_S = 15  # kept back from the budget so check.json and summary.md are always written
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    parts: tuple  # which --part runs it ("all" runs every step)
+    max_s: int  # its own limit; the budget left may cut it shorter
+    min_s: int  # below this much budget left it is skipped, not started
+    what: str
+
+
+STEPS = [
+    Step("environment", ("kernels", "fairseq"), 60, 5, "GPU, driver, torch, CUDA, nvcc, compute-sanitizer versions"),
+    Step("install_kit", ("kernels", "fairseq"), 120, 20, "the kit's wheels into .gpu_site/ (pip --no-index --target)"),
+    Step("build_fairseq", ("fairseq",), 300, 60, "fairseq-fixed from its sdist against the node's torch"),
+    Step("build_extension", ("kernels", "fairseq"), 300, 60, "fw_fairseq._cuda for this GPU (setup.py build_ext)"),
+    Step("build_fast_transformers", ("kernels",), 180, 40, "fast-transformers' causal_product from its sdist"),
+    Step("memcheck", ("kernels",), 180, 30, "compute-sanitizer --tool memcheck over every kernel, small shapes"),
+    Step("racecheck", ("kernels",), 180, 30, "compute-sanitizer --tool racecheck over every kernel, small shapes"),
+    Step("pytest_cuda", ("kernels",), 240, 30, "python -m pytest tests/cuda"),
+    Step("bench_ops", ("kernels",), 300, 60, "benchmarks/bench_gpu.py --quick"),
+    Step("bench_fairseq", ("fairseq",), 420, 90, "benchmarks/bench_fairseq_gpu.py: train and generate timing"),
+]
+
+
+def digest(*paths):
+    """One sha256 over the given files (sorted), to stamp what a build was made from."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class Check:
+    """Runs the steps of one part, records them, writes check.json and logs.txt as it goes."""
+
+    def __init__(self, args):
+        self.args, self.out, self.kit = args, args.out, args.kit
+        self.site = REPO / ".gpu_site"
+        self.deadline = time.monotonic() + args.budget_s - SUMMARY_RESERVE_S
+        self.record = {"part": args.part, "commit": os.environ.get("FW_COMMIT") or git_commit(),
+                       "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": {}, "steps": []}
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.site), str(REPO)]),
+                        PATH=os.pathsep.join([str(self.site / "bin"), os.environ.get("PATH", "")]),
+                        PYTHONUNBUFFERED="1")
+
+    def commands(self):
+        """{step name: argv} for this machine; also what --dry-run prints."""
+        py, kit, out, site = sys.executable, self.kit, self.out, self.site
+        jobs = str(os.cpu_count() or 4)
+        wheels = sorted(str(p) for p in kit.glob("*.whl"))
+        [fairseq] = sorted(kit.glob("fairseq_fixed-*.tar.gz")) or [kit / "fairseq_fixed-<missing>.tar.gz"]
+        [peer] = sorted(kit.glob("pytorch-fast-transformers-*.tar.gz")) or [kit / "pytorch-fast-transformers-<missing>"]
+        sanitize = [py, str(REPO / "benchmarks" / "gpu_sanitize_cases.py")]
+        return {
+            "environment": [py, str(REPO / "scripts" / "gpu_check.py"), "--environment-only", "--out", str(out)],
+            "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--upgrade", "--target", str(site), *wheels],
+            # --no-build-isolation: build against the node's torch, numpy and cython (nothing can be
+            # fetched there); CUDA_HOME unset so fairseq skips its CUDA extensions, which we never use
+            "build_fairseq": ["env", "-u", "CUDA_HOME", f"MAX_JOBS={jobs}", py, "-m", "pip", "install", "-q",
+                              "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site / "fairseq-build"),
+                              str(fairseq)],
+            "build_extension": ["env", f"MAX_JOBS={jobs}", py, "setup.py", "-q", "build_ext", "--inplace"],
+            "build_fast_transformers": [py, str(REPO / "scripts" / "gpu_build_peer.py"), str(peer), str(site)],
+            "memcheck": ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *sanitize],
+            "racecheck": ["compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
+            "pytest_cuda": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"],
+            "bench_ops": [py, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick", "--out", str(out / "bench_gpu.json")],
+            "bench_fairseq": [py, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out",
+                              str(out / "bench_fairseq.json"), "--work", "/tmp/fw_bench_fairseq"],
+        }
+
+    def stamps(self):
+        """{step: (stamp file, digest of what it builds from)} for the steps a warm machine may skip."""
+        cuda_sources = [*(REPO / "cuda").iterdir(), REPO / "setup.py"]
+        kit_files = [p for p in self.kit.iterdir() if p.is_file()] if self.kit.is_dir() else []
+        return {"install_kit": (self.site / ".kit", digest(*[p for p in kit_files if p.suffix == ".whl"])),
+                "build_fairseq": (self.site / ".fairseq", digest(*[p for p in kit_files if "fairseq" in p.name])),
+                "build_extension": (REPO / "fw_fairseq" / ".cuda_build", digest(*cuda_sources)),
+                "build_fast_transformers": (self.site / ".fast_transformers",
+                                            digest(*[p for p in kit_files if "fast-transformers" in p.name]))}
+
+    def run(self, steps):
+        commands, stamps = self.commands(), self.stamps()
+        self.out.mkdir(parents=True, exist_ok=True)
+        if "build_fairseq" in [s.name for s in steps]:
+            self.env["PYTHONPATH"] = os.pathsep.join([str(self.site / "fairseq-build"), self.env["PYTHONPATH"]])
+            self.env["PATH"] = os.pathsep.join([str(self.site / "fairseq-build" / "bin"), self.env["PATH"]])
+        for step in steps:
+            left = self.deadline - time.monotonic()
+            entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name])}
+            stamp, want = stamps.get(step.name, (None, None))
+            if stamp is not None and stamp.exists() and stamp.read_text() == want:
+                entry.update(status="cached", seconds=0.0, tail="already built from the same files on this machine")
+            elif left < step.min_s:
+                entry.update(status="skipped", seconds=0.0, tail=f"out of budget: {left:.0f} s left, needs {step.min_s}")
+            else:
+                entry.update(self.execute(step, commands[step.name], min(step.max_s, left)))
+                if entry["status"] == "ok" and stamp is not None:
+                    stamp.parent.mkdir(parents=True, exist_ok=True)
+                    stamp.write_text(want)
+            self.record["steps"].append(entry)
+            print(f"gpu_check: {step.name:<24} {entry['status']:<8} {entry['seconds']:7.1f} s", flush=True)
+            self.save()
+
+    def execute(self, step, argv, limit):
+        start = time.monotonic()
+        with open(self.out / "logs.txt", "a") as log:
+            log.write(f"\n===== {step.name}: {shlex.join(argv)} (limit {limit:.0f} s)\n")
+            log.flush()
+            try:
+                proc = subprocess.run(argv, cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, errors="replace", timeout=limit)
+                output, rc = proc.stdout, proc.returncode
+                status = "ok" if rc == 0 else "failed"
+            except subprocess.TimeoutExpired as err:
+                output = err.stdout if isinstance(err.stdout, str) else (err.stdout or b"").decode(errors="replace")
+                rc, status = None, "timeout"
+            except FileNotFoundError as err:  # e.g. no compute-sanitizer on this machine
+                output, rc, status = f"{err}\n", None, "failed"
+            log.write(output)
+        return {"status": status, "rc": rc, "seconds": round(time.monotonic() - start, 1),
+                "tail": "\n".join(output.strip().splitlines()[-25:])}
+
+    def save(self):
+        env_file = self.out / "environment.json"
+        if env_file.exists():  # written by the environment step's own process
+            self.record["environment"] = json.loads(env_file.read_text())
+        (self.out / "check.json").write_text(json.dumps(self.record, indent=1) + "\n")
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None  # a copy of the tree without .git: pass FW_COMMIT
+
+
+def environment(out):
+    """The machine and its stack, as environment.json in out (its own step, so a broken CUDA is recorded)."""
+    import torch
+
+    def tool(*argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    smi = tool("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    info = {"python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "nvidia_smi": smi,
+            "nvcc": (tool("nvcc", "--version") or "").splitlines()[-1:] or None,
+            "compute_sanitizer": (tool("compute-sanitizer", "--version") or "").splitlines()[-1:] or None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                    memory_GiB=round(props.total_memory / 2**30, 1))
+    (out / "environment.json").write_text(json.dumps(info, indent=1) + "\n")
+    print(json.dumps(info, indent=1))
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check: torch sees no CUDA device on this machine")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="all steps, or one of the two halves that each fit a 10-minute slot")
+    parser.add_argument("--kit", type=Path, default=REPO / "gpu_kit", help="the folder `make gpu-kit` filled")
+    parser.add_argument("--out", type=Path, default=REPO / "gpu_check_out", help="where the results go")
+    parser.add_argument("--budget-s", type=float, help="seconds for the whole run (default: 540 per part, "
+                        "1200 for all)")
+    parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
+    parser.add_argument("--environment-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.budget_s is None:
+        args.budget_s = 1200.0 if args.part == "all" else 540.0
+    if args.budget_s <= SUMMARY_RESERVE_S:
+        parser.error(f"argument --budget-s: must be more than {SUMMARY_RESERVE_S} seconds")
+    args.kit, args.out = args.kit.resolve(), args.out.resolve()
+    if not args.dry_run and not args.environment_only and not (args.kit / "MANIFEST.json").exists():
+        parser.error(f"argument --kit: {args.kit} has no MANIFEST.json; run `make gpu-kit` on a machine with "
+                     "network and copy the folder here")
+    return args
+
+
+def plan(part):
+    return [s for s in STEPS if part == "all" or part in s.parts]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.environment_only:
+        return environment(args.out)
+    check = Check(args)
+    steps = plan(args.part)
+    if args.dry_run:
+        commands = check.commands()
+        for s in steps:
+            print(f"{s.name:<24} ≤{s.max_s:>4} s  {s.what}\n    {shlex.join(commands[s.name])}")
+        return
+    check.run(steps)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_summary.py"), str(args.out)], check=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The GPU path's dry run, so the kit and the check cannot rot between GPU sessions (no GPU needed):
+the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met, scripts/gpu_check.sh
+parses its options and plans its steps, runs and records them within its budget, and the summary
+writer renders a recorded run."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_kit  # noqa: E402
+import gpu_summary  # noqa: E402
+
+RECORDED = Path(__file__).parent / "fixtures" / "gpu_run"
+
+
+def test_the_lock_resolves_for_cp312_and_every_need_is_met():
+    assert gpu_kit.check() == []
+
+
+def test_a_need_the_node_lacks_is_named(tmp_path):
+    node = tmp_path / "node.txt"
+    node.write_text("".join(line + "\n" for line in gpu_kit.NODE.read_text().splitlines() if "einops" not in line))
+    problems = gpu_kit.check(node=node)
+    assert problems == ["fla-core needs einops: neither in the kit nor on the node"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("fla-core 0.6.0 wheel " + "0" * 64 + " why\nfla_core 0.6.0 wheel " + "1" * 64 + " again", "pinned twice"),
+    ("fla-core 0.6.0 binary " + "0" * 64 + " why", "kind one of wheel, sdist, wheel-from-sdist"),
+    ("fla-core 0.6.0 wheel abc why", "expected 'name version kind sha256 why'"),
+])
+def test_a_malformed_lock_is_refused_in_one_line(tmp_path, line, message):
+    lock = tmp_path / "gpu_kit.lock"
+    lock.write_text(line + "\n")
+    with pytest.raises(SystemExit, match=message):
+        gpu_kit.read_lock(lock)
+
+
+def gpu_check(*args):
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
+                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("part, steps", [
+    ("kernels", ["environment", "install_kit", "build_extension", "build_fast_transformers", "memcheck",
+                 "racecheck", "pytest_cuda", "bench_ops"]),
+    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "bench_fairseq"]),
+])
+def test_the_dry_run_plans_each_part(part, steps):
+    proc = gpu_check("--dry-run", "--part", part)
+    assert proc.returncode == 0, proc.stderr
+    planned = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")]
+    assert planned == steps
+    assert "compute-sanitizer --tool memcheck" in proc.stdout or part == "fairseq"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--part", "gpu"], "argument --part: invalid choice: 'gpu' (choose from 'all', 'kernels', 'fairseq')"),
+    (["--budget-s", "3"], "argument --budget-s: must be more than 15 seconds"),
+    (["--kit", "/nonexistent"], "argument --kit: /nonexistent has no MANIFEST.json; run `make gpu-kit`"),
+])
+def test_bad_options_stop_with_one_line(args, message):
+    proc = gpu_check(*args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_run_records_every_step_within_its_budget(tmp_path):
+    """On this CPU machine the environment step fails (no CUDA device) and is recorded; the next steps do not
+    fit a 25-second budget and are recorded as skipped; check.json and summary.md are written."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "MANIFEST.json").write_text("{}")
+    out = tmp_path / "out"
+    proc = gpu_check("--part", "fairseq", "--kit", str(kit), "--out", str(out), "--budget-s", "25")
+    assert proc.returncode == 0, proc.stderr
+    check = json.loads((out / "check.json").read_text())
+    status = {s["name"]: s["status"] for s in check["steps"]}
+    assert status == {"environment": "failed", "install_kit": "skipped", "build_fairseq": "skipped",
+                      "build_extension": "skipped", "bench_fairseq": "skipped"}
+    assert "torch sees no CUDA device" in check["steps"][0]["tail"]
+    assert "out of budget" in check["steps"][1]["tail"]
+    assert (out / "logs.txt").exists() and "| environment | failed |" in (out / "summary.md").read_text()
+    assert len(list(out.iterdir())) <= 8  # all of it comes back from a lent machine
+
+
+def test_the_summary_renders_a_recorded_run(tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(RECORDED, out)
+    text = gpu_summary.render(out)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| met |" in rows["compute-sanitizer --tool memcheck: no error"]
+    assert "| missed |" in rows["compute-sanitizer --tool racecheck: no error"]
+    assert "| 2.00x, 1.50x | met |" in rows["delta, bf16, E = d = 64, T <= 256: fla's best delta kernel / ours >= 1.5"]
+    assert "ours only (fla cannot run it) | no data |" in rows[
+        "delta, fp32, E = d = 64, T <= 256: fla's best delta kernel / ours >= 1.5"]
+    assert "| 1.20x | missed |" in rows["sum, fp32, E = d = 64, T <= 256: fast-transformers / ours >= 2"]
+    assert "| 1 of 2 shapes | missed |" in rows["delta: E = 512 runs on the kernel"]
+    assert "worst 1.25x the floor over 1 shapes | met |" in text
+    assert "| transformer_fw_small dpfp2_delta --fp16: train words/s >= 1.0x softmax |" in text
+    assert "| softmax | " in text and "generate N=4" in text
