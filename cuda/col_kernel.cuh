@@ -45,7 +45,7 @@ struct ColArgs {
   const scalar_t* beta;   // [BH, T], delta modes only
   const acc_t* state_in;  // [BH, P, Q] or null for zeros
   acc_t* state_out;       // [BH, P, Q] or null
-  scalar_t* out;          // [BH, T, Q] or null
+  acc_t* out;             // [BH, T, Q] or null; in acc_t: the sum rule's outputs grow like t P
   acc_t* aux;             // [BH, T, Q] or null
   int T, P, Q, col_blocks;
   bool reverse;
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
     for (int j = 0; j < C; ++j) {
       if (sub == j && col0 + j < Q) {
         const int64_t idx = (bh * T + t) * Q + col0 + j;
-        if (a.out) a.out[idx] = static_cast<scalar_t>(out[j]);
+        if (a.out) a.out[idx] = out[j];
         if constexpr (MODE != ColMode::kSum) {
           if (a.aux) a.aux[idx] = aux[j];
         }

@@ -22,7 +22,7 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
                                           ptr_or_null<scalar_t>(beta),
                                           ptr_or_null<acc_t>(state_in),
                                           ptr_or_null<acc_t>(state_out),
-                                          ptr_or_null<scalar_t>(out),
+                                          ptr_or_null<acc_t>(out),
                                           ptr_or_null<acc_t>(aux),
                                           T, P, Q, col_blocks, reverse};
       const dim3 grid = grid_1d(heads, col_blocks), block(kColWarps * kWarp);

@@ -4,6 +4,10 @@
 // Inputs: contiguous CUDA tensors on one device; q, k [B, H, T, E], v [B, H, T, M], beta [B, H, T]
 // and do [B, H, T, M] in one dtype (float16, bfloat16, float32 or float64); states [B, H, E, M] in
 // float32, or float64 for float64 inputs. 1 <= E <= 512, 1 <= M <= 160, T >= 1.
+// Results: outputs o and states in the state dtype, as fw_fairseq/ops/guards.py's state_dtype rules
+// for the chunked path (the sum rule's outputs grow like t E and overflow fp16); gradients of q, k,
+// v and beta in the input dtype. The column kernel writes its outputs in the state dtype, so the
+// gradients it produces are narrowed here (a copy for fp16/bf16 only).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -14,6 +18,7 @@ namespace {
 
 constexpr int64_t kMaxE = 512, kMaxM = 160;
 
+// fw_fairseq/ops/guards.py's state_dtype for the kernels' dtypes; also at::opmath_type, the kernels' acc_t.
 at::ScalarType state_dtype(at::ScalarType input) {
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -57,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor> sum_forward(const at::Tensor& q, const at::Te
                                                const at::Tensor& state) {
   check_inputs("sum_forward", q, k, v, nullptr, state, nullptr, nullptr, false);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto o = at::empty_like(v);
+  auto o = seq_buffer(v, v.size(3), state.scalar_type());
   auto final_state = at::empty_like(state);
   launch_col(ColMode::kSum, q, k, v, {}, state, final_state, o, {}, false);
   return {o, final_state};
@@ -72,19 +77,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sum_backward(
     const at::Tensor& dout, const at::Tensor& dfinal) {
   check_inputs("sum_backward", q, k, v, nullptr, state0, &dout, &dfinal, false);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  const auto acc = state0.scalar_type();
+  auto dq = seq_buffer(q, q.size(3), acc), dk = seq_buffer(k, k.size(3), acc), dv = seq_buffer(v, v.size(3), acc);
   auto dstate0 = at::empty_like(state0);
   launch_col(ColMode::kSum, dout, v, k, {}, state0.transpose(-1, -2).contiguous(), {}, dq, {}, false);
   launch_col(ColMode::kSum, v, dout, q, {}, dfinal.transpose(-1, -2).contiguous(), {}, dk, {}, true);
   launch_col(ColMode::kSum, k, q, dout, {}, dfinal, dstate0, dv, {}, true);
-  return {dq, dk, dv, dstate0};
+  const auto dtype = q.scalar_type();
+  return {dq.to(dtype), dk.to(dtype), dv.to(dtype), dstate0};
 }
 
 std::tuple<at::Tensor, at::Tensor> delta_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  const at::Tensor& beta, const at::Tensor& state) {
   check_inputs("delta_forward", q, k, v, &beta, state, nullptr, nullptr, false);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto o = at::empty_like(v);
+  auto o = seq_buffer(v, v.size(3), state.scalar_type());
   auto final_state = at::empty_like(state);
   launch_col(ColMode::kDelta, q, k, v, beta, state, final_state, o, {}, false);
   return {o, final_state};
@@ -103,18 +110,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> delta_bac
   const auto acc = state0.scalar_type();
   auto vbar = seq_buffer(v, v.size(3), acc), du = seq_buffer(v, v.size(3), acc);
   auto dk_part = seq_buffer(q, q.size(3), acc);
-  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = seq_buffer(v, v.size(3), acc);
   auto dbeta = at::empty_like(beta), dstate0 = at::empty_like(state0);
   launch_col(ColMode::kDelta, q, k, v, beta, state0, {}, {}, vbar, false);
   launch_col(ColMode::kDeltaGrad, q, k, dout, beta, dfinal, dstate0, dv, du, true);
   launch_delta_grad_rows(q, k, v, beta, dout, vbar, du, state0, dfinal, dq, dk, dbeta, dk_part);
-  return {dq, dk, dv, dbeta, dstate0};
+  return {dq, dk, dv.to(q.scalar_type()), dbeta, dstate0};
 }
 
 at::Tensor sum_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& state) {
   check_inputs("sum_step", q, k, v, nullptr, state, nullptr, nullptr, true);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto o = at::empty_like(v);
+  auto o = seq_buffer(v, v.size(3), state.scalar_type());
   launch_step(false, q, k, v, {}, state, o);
   return o;
 }
@@ -123,7 +130,7 @@ at::Tensor delta_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const at::Tensor& state) {
   check_inputs("delta_step", q, k, v, &beta, state, nullptr, nullptr, true);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto o = at::empty_like(v);
+  auto o = seq_buffer(v, v.size(3), state.scalar_type());
   launch_step(true, q, k, v, beta, state, o);
   return o;
 }

@@ -10,7 +10,7 @@
 namespace fw {
 
 // q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); state_in, state_out [B, H, P, Q];
-// out [B, H, T, Q] in the input dtype; aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
+// out and aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
 void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& beta, const at::Tensor& state_in, const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse);
@@ -24,7 +24,7 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
                             const at::Tensor& dk_part);
 
-// One decoding step (T = 1) that updates state [B, H, E, M] in place and writes o [B, H, 1, M].
+// One decoding step (T = 1) that updates state [B, H, E, M] in place and writes o [B, H, 1, M] (acc_t).
 void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const at::Tensor& beta, const at::Tensor& state, const at::Tensor& o);
 

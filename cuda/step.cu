@@ -19,7 +19,7 @@ void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at:
     const auto kernel = delta ? step_kernel<scalar_t, acc_t, true> : step_kernel<scalar_t, acc_t, false>;
     kernel<<<grid, groups * M, smem, stream>>>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                                                v.data_ptr<scalar_t>(), ptr_or_null<scalar_t>(beta),
-                                               state.data_ptr<acc_t>(), o.data_ptr<scalar_t>(), E, M,
+                                               state.data_ptr<acc_t>(), o.data_ptr<acc_t>(), E, M,
                                                groups);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -32,7 +32,7 @@ __device__ acc_t column_sum(acc_t x, acc_t* part, int g, int m, int groups, int 
 template <typename scalar_t, typename acc_t, bool DELTA>
 __global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                             const scalar_t* __restrict__ v, const scalar_t* __restrict__ beta,
-                            acc_t* __restrict__ state, scalar_t* __restrict__ o, int E, int M, int groups) {
+                            acc_t* __restrict__ state, acc_t* __restrict__ o, int E, int M, int groups) {
   extern __shared__ __align__(16) unsigned char smem_raw[];  // 16-byte aligned for double
   acc_t* qs = reinterpret_cast<acc_t*>(smem_raw);  // [E]
   acc_t* ks = qs + E;                                // [E]
@@ -62,7 +62,7 @@ __global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __re
     qw += qs[e] * w;
   }
   qw = column_sum(qw, part, g, m, groups, M);
-  if (g == 0) o[bh * M + m] = static_cast<scalar_t>(qw);
+  if (g == 0) o[bh * M + m] = qw;  // in acc_t, as the forward kernel's outputs
 }
 
 // Row groups per block: about kStepThreads threads, but no more groups than rows.

@@ -9,16 +9,17 @@ This file turns [B, H, T, D] inputs into their [B*H, N, C, D] chunks and back.
 
 Shapes: q, k [B, H, T, E]; v [B, H, T, M]; beta [B, H, T]; state [B, H, E, M]. T need not be a
 multiple of C: the tail is zero-padded (zero k and beta write nothing; zero q reads nothing).
-fp16/bf16 inputs are computed and accumulated in float32; the output is cast back to the input
-dtype and the state stays float32.
+fp16/bf16 inputs are computed and accumulated in float32, and outputs and state stay float32
+(guards.state_dtype). Shapes are spelled out at every reshape, never -1: an empty batch (B or H = 0)
+has 0 elements, which no -1 can be inferred from.
 """
 import torch
 import torch.nn.functional as F
 
 from .chunked_delta_function import ChunkedDelta
 from .chunked_sum_function import ChunkedSum
+from .guards import state_dtype
 
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Default (maximum) chunk lengths, from benchmarks on a 2-core CPU with 1 and 2 threads at
 # B*H = 16..256 heads, T = 25..512. The sum rule is about as fast with 32 or 64 and takes 64. The
 # delta rule is up to 30% faster with 32 once a sequence needs several chunks (its loop does more
@@ -27,11 +28,6 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 SUM_CHUNK_SIZE = 64
 DELTA_CHUNK_SIZE = 32
 DELTA_ONE_CHUNK_MAX = 64
-
-
-def state_dtype(dtype):
-    """dtype of the fast weight state (and of the accumulation) for inputs of `dtype`."""
-    return torch.float32 if dtype in _HALF_DTYPES else dtype
 
 
 def _balanced_chunk(T, chunk_size):
@@ -48,7 +44,7 @@ def _to_chunks(x, chunk_size):
     pad = (-T) % chunk_size
     if pad:
         x = F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
-    return x.reshape(*x.shape[:2], -1, chunk_size, *x.shape[3:])
+    return x.reshape(*x.shape[:2], (T + pad) // chunk_size, chunk_size, *x.shape[3:])
 
 
 def _head_major_chunks(x, C, dtype):
@@ -81,14 +77,13 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
 
     o_chunk = Q S_before + tril(Q K^T) V, where S_before is the exclusive prefix sum of K_n^T V_n.
     """
-    (B, H, T, _), out_dtype = q.shape, q.dtype
-    dtype = state_dtype(out_dtype)
+    B, H, T, _ = q.shape
+    dtype = state_dtype(q.dtype)
     C = _balanced_chunk(T, chunk_size)
     Q, K, V = (_head_major_chunks(x, C, dtype) for x in (q, k, v))  # [BH, N, C, E|M]
     S0 = _heads_state(initial_state, dtype)
     o, S = ChunkedSum.apply(Q, K, V, S0, output_final_state, _needs_backward(Q, K, V, S0))
-    o = _from_head_major(o, B, H, T).to(out_dtype)  # [B, H, T, M]
-    return o, _unflatten_state(S, B, H)
+    return _from_head_major(o, B, H, T), _unflatten_state(S, B, H)  # o [B, H, T, M]
 
 
 def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, chunk_size=None):
@@ -98,8 +93,8 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     fast_weight_write): then no output is computed and o is None. chunk_size: the longest chunk;
     None picks one chunk up to DELTA_ONE_CHUNK_MAX positions, else chunks of DELTA_CHUNK_SIZE.
     """
-    (B, H, T, _), out_dtype = k.shape, (v.dtype if q is None else q.dtype)
-    dtype = state_dtype(out_dtype)
+    B, H, T, _ = k.shape
+    dtype = state_dtype(k.dtype)
     if chunk_size is None:
         chunk_size = T if T <= DELTA_ONE_CHUNK_MAX else DELTA_CHUNK_SIZE
     C = _balanced_chunk(T, chunk_size)
@@ -108,7 +103,7 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     S0 = _heads_state(initial_state, dtype)
     o, S = ChunkedDelta.apply(Q, K, V, Bt, S0, output_final_state, _needs_backward(Q, K, V, Bt, S0))
     if o is not None:
-        o = _from_head_major(o, B, H, T).to(out_dtype)  # [B, H, T, M]
+        o = _from_head_major(o, B, H, T)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)
 
 
@@ -116,11 +111,11 @@ def _add_outer(S0, k, u):
     """S0 + k^T u over [B, H] in one fused baddbmm (no temporary [B, H, E, M] outer product).
 
     S0 [B, H, E, M] or None; k [B, H, 1, E]; u [B, H, 1, M] -> [B, H, E, M]."""
-    B, H, _, E = k.shape
-    kt, ut = k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, -1)  # [BH, E, 1], [BH, 1, M]
+    (B, H, _, E), M = k.shape, u.shape[-1]
+    kt, ut = k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, M)  # [BH, E, 1], [BH, 1, M]
     if S0 is None:
-        return (kt @ ut).view(B, H, E, -1)
-    return torch.baddbmm(S0.reshape(B * H, E, -1), kt, ut).view(B, H, E, -1)
+        return (kt @ ut).view(B, H, E, M)
+    return torch.baddbmm(S0.reshape(B * H, E, M), kt, ut).view(B, H, E, M)
 
 
 def step_sum(q, k, v, initial_state=None, output_final_state=False):
@@ -128,18 +123,18 @@ def step_sum(q, k, v, initial_state=None, output_final_state=False):
 
     q, k [B, H, 1, E]; v [B, H, 1, M]; state [B, H, E, M]. Same function as chunked_sum at T = 1.
     """
-    out_dtype, dtype = q.dtype, state_dtype(q.dtype)
+    dtype = state_dtype(q.dtype)
     q, k, v = (x.to(dtype) for x in (q, k, v))
     S0 = None if initial_state is None else initial_state.to(dtype)
     S = _add_outer(S0, k, v)  # [B, H, E, M]
-    return (q @ S).to(out_dtype), (S if output_final_state else None)
+    return q @ S, (S if output_final_state else None)
 
 
 def step_delta(q, k, v, beta, initial_state=None, output_final_state=False):
     """T = 1 delta rule: u = beta (v - k S), S + k^T u, o = q S. Same function as chunked_delta at T = 1."""
-    out_dtype, dtype = q.dtype, state_dtype(q.dtype)
+    dtype = state_dtype(q.dtype)
     q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
     S0 = None if initial_state is None else initial_state.to(dtype)
     u = v if S0 is None else v - k @ S0  # [B, H, 1, M]: v - W_{t-1}^T k
     S = _add_outer(S0, k, beta[..., None] * u)  # [B, H, E, M]
-    return (q @ S).to(out_dtype), (S if output_final_state else None)
+    return q @ S, (S if output_final_state else None)

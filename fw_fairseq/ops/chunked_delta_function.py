@@ -25,9 +25,9 @@ Q may be None (a pure write: fast_weight_write). Saved for backward: the inputs,
 scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 """
 import torch
-from torch.autograd.function import once_differentiable
 
 from .chunk_states import stack_chunk_states
+from .guards import first_order
 
 _INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
 
@@ -50,7 +50,7 @@ def unit_lower_inverse_(L):
         return torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
     if padded != C:
         L = torch.nn.functional.pad(L, (0, padded - C, 0, padded - C))
-    T = L.view(-1, padded, padded)  # [G, C', C'], L becoming T in place
+    T = L.flatten(0, -3)  # [G, C', C'] (a view), L becoming T in place
     G = T.shape[0]
     T_diag = T.as_strided((G, n_blocks, b, b), (padded * padded, b * padded + b, padded, 1))  # [G, n_blocks, b, b]
     T_diag.copy_(torch.linalg.solve_triangular(T_diag + eye, eye.expand(G, n_blocks, b, b),
@@ -100,7 +100,7 @@ class ChunkedDelta(torch.autograd.Function):
         return o, (S if need_final else None)
 
     @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable: fail loudly
+    @first_order  # not itself differentiable: double backward fails loudly; autocast off
     def backward(ctx, dO, dS_final):
         Q, K, beta, X, T, u, r, P, states = ctx.saved_tensors
         G, N, C, E = K.shape

@@ -14,9 +14,9 @@ positions. Q, K [G, N, C, E]; V [G, N, C, M]; states [G, N, E, M]; batched matmu
 views, and the loops over chunks read strided [G, E, M] slices (no in-place matmul writes into them).
 """
 import torch
-from torch.autograd.function import once_differentiable
 
 from .chunk_states import stack_chunk_states
+from .guards import first_order
 
 
 class ChunkedSum(torch.autograd.Function):
@@ -48,7 +48,7 @@ class ChunkedSum(torch.autograd.Function):
         return torch.stack(outs, 1), (S if need_final else None)
 
     @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable: fail loudly
+    @first_order  # not itself differentiable: double backward fails loudly; autocast off
     def backward(ctx, dO, dS_final):
         Q, K, V, P, states = ctx.saved_tensors
         G, N, C, E = K.shape

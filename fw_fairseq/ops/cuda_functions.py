@@ -6,11 +6,16 @@ The extension's functions are autograd-free; its contract (cuda/ implements it):
     delta_forward(q, k, v, beta, state0)               -> (o, final_state)      state0 not modified
     delta_backward(q, k, v, beta, state0, do, dfinal)  -> (dq, dk, dv, dbeta, dstate0)
     sum_step(q, k, v, state) -> o;  delta_step(q, k, v, beta, state) -> o    (T = 1, state updated in place)
-Inputs are contiguous CUDA tensors: q, k [B, H, T, E], v [B, H, T, M], beta [B, H, T] in one dtype
-(fp16/bf16/fp32), state [B, H, E, M] in float32 for fp16/bf16 and in the input dtype otherwise.
+Inputs are contiguous CUDA tensors: q, k [B, H, T, E], v [B, H, T, M], beta [B, H, T] and do in one
+dtype (fp16/bf16/fp32), state [B, H, E, M] in guards.state_dtype of it (float32 for fp16/bf16).
+Outputs o and states come back in the state dtype, as on the chunked path; the gradients of q, k, v
+and beta in the input dtype. The output's gradient is rounded to the input dtype for the backward
+kernels, which read it where they read q, k or v.
 Which calls land here is decided only by fast_weight._cuda_kernel; this file does not choose.
 """
 import torch
+
+from .guards import first_order
 
 
 class SumFunction(torch.autograd.Function):
@@ -25,10 +30,12 @@ class SumFunction(torch.autograd.Function):
         return o, final_state
 
     @staticmethod
+    @first_order  # the kernels' backward is not differentiable: double backward fails loudly
     def backward(ctx, do, dfinal):
         # autograd materialises an unused output's gradient as zeros, so neither is None here
         q, k, v, state0 = ctx.saved_tensors
-        dq, dk, dv, dstate0 = ctx.ext.sum_backward(q, k, v, state0, do.contiguous(), dfinal.contiguous())
+        do = do.to(q.dtype).contiguous()  # o is in the state dtype, the kernels read do in q's
+        dq, dk, dv, dstate0 = ctx.ext.sum_backward(q, k, v, state0, do, dfinal.contiguous())
         return None, dq, dk, dv, dstate0
 
 
@@ -43,9 +50,10 @@ class DeltaFunction(torch.autograd.Function):
         return o, final_state
 
     @staticmethod
+    @first_order
     def backward(ctx, do, dfinal):
         q, k, v, beta, state0 = ctx.saved_tensors
-        grads = ctx.ext.delta_backward(q, k, v, beta, state0, do.contiguous(), dfinal.contiguous())
+        grads = ctx.ext.delta_backward(q, k, v, beta, state0, do.to(q.dtype).contiguous(), dfinal.contiguous())
         return (None, *grads)
 
 

@@ -5,15 +5,19 @@ state [B, H, E, M] (keys x values). No scaling or normalisation happens here: th
 divides by z . phi(q) (sum rule) or sum-normalises phi (delta rule) itself.
 
 dtypes: any float dtype. Mixed inputs (e.g. float32 FAVOR+ features with fp16 values) are promoted
-to their common dtype; the output is in that dtype. The state is float32 for fp16/bf16 and in the
-input dtype for float32/float64; a given initial_state is cast to it.
+to their common dtype. Outputs and states are float32 for fp16/bf16 and in the input dtype for
+float32/float64 (guards.state_dtype; half-precision outputs would overflow: the sum rule's
+unnormalised numerator and z column grow with the sequence); a given initial_state is cast to it.
+The ops run with autocast off (guards.autocast_off), so under autocast they return what they return
+without it for the same input dtypes; cast the output back to the activations' dtype yourself.
 """
 import logging
 
 import torch
 
-from .chunked import chunked_delta, chunked_sum, state_dtype, step_delta, step_sum
+from .chunked import chunked_delta, chunked_sum, step_delta, step_sum
 from .cuda_functions import cuda_delta, cuda_sum
+from .guards import autocast_off, state_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +28,7 @@ _extension = None  # fw_fairseq._cuda once imported, False if it cannot be impor
 _fallbacks_logged = set()
 
 
+@autocast_off
 def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
     q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, None, initial_state)
@@ -35,6 +40,7 @@ def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     return o, (state if output_final_state else None)
 
 
+@autocast_off
 def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=False):
     """Causal delta rule: W_t = W_{t-1} + beta_t k_t (v_t - W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
 
@@ -49,6 +55,7 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
     return o, (state if output_final_state else None)
 
 
+@autocast_off
 def fast_weight_write(k, v, beta=None):
     """Non-causal memory of all T positions: sum_t k_t v_t^T (beta None), or the state after the delta
     writes t = 1..T in order (the causal delta rule's final state). Returns state [B, H, E, M]."""
@@ -62,9 +69,10 @@ def fast_weight_write(k, v, beta=None):
     return cuda_delta(ext, k, k, v, beta, _kernel_state(k, k, v, None))[1]
 
 
+@autocast_off
 def fast_weight_read(q, state):
-    """o = q @ state: q [B, H, Tq, E], state [B, H, E, M] -> o [B, H, Tq, M], computed in the state's
-    dtype (float32 for a half-precision query) and returned in q's dtype."""
+    """o = q @ state: q [B, H, Tq, E], state [B, H, E, M] -> o [B, H, Tq, M], computed and returned
+    in the wider of the state's dtype and state_dtype(q.dtype) (float32 for a half-precision query)."""
     _check_tensor("fast_weight_read", "q", q, 4, "[B, H, Tq, E]")
     _check_tensor("fast_weight_read", "state", state, 4, "[B, H, E, M]")
     B, H, _, E = q.shape
@@ -73,9 +81,11 @@ def fast_weight_read(q, state):
             f"fast_weight_read: state has shape {tuple(state.shape)}, expected [B, H, E, M] = [{B}, {H}, {E}, M] from q"
         )
     _check_device("fast_weight_read", q.device, "q", state=state)
-    return torch.einsum("bhte,bhem->bhtm", q.to(state.dtype), state).to(q.dtype)
+    dtype = torch.promote_types(state_dtype(q.dtype), state.dtype)
+    return torch.einsum("bhte,bhem->bhtm", q.to(dtype), state.to(dtype))
 
 
+@autocast_off
 def fast_weight_attend(q, k, v, beta=None):
     """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta)).
 
@@ -88,11 +98,15 @@ def fast_weight_attend(q, k, v, beta=None):
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"fast_weight_attend: q has shape {tuple(q.shape)}, expected "
                          f"[B, H, Tq, E] with B, H, E of k's {tuple(k.shape)}")
+    # one dtype for q and the memory, so that both orders compute in the same precision
+    dtype = torch.promote_types(q.dtype, k.dtype)
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    beta = None if beta is None else beta.to(dtype)
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
     if beta is None and Tq * T * (E + M) < (Tq + T) * E * M:
-        dtype = state_dtype(q.dtype)
+        dtype = state_dtype(dtype)
         scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
-        return (scores @ v.to(dtype)).to(q.dtype)  # [B, H, Tq, M]
+        return scores @ v.to(dtype)  # [B, H, Tq, M]
     return fast_weight_read(q, fast_weight_write(k, v, beta))
 
 

@@ -1,9 +1,13 @@
-"""fw_fairseq._cuda's functions for CPU float64 tensors, computed by cuda/'s own kernel code under a
-CPU emulation of CUDA threads (emulator/cuda_emu.h), so that the kernels' indexing, masking and
+"""fw_fairseq._cuda's functions for CPU tensors, computed by cuda/'s own kernel code under a CPU
+emulation of CUDA threads (emulator/cuda_emu.h), so that the kernels' indexing, masking and
 control flow are tested on machines without a GPU.
 
-The pass order of each function mirrors cuda/fast_weight.cpp (which needs a GPU to run); outputs
-are preallocated full of NaN, so an element no kernel writes shows up. Every buffer a kernel sees
+The pass order of each function and its dtype contract mirror cuda/fast_weight.cpp (which needs a
+GPU to run): inputs in one dtype (float16, bfloat16, float32 or float64), states in the binding's
+state dtype, results in the dtypes the binding allocates. The kernels themselves run in float64
+(inputs are widened exactly; emu::Scalar holds a double), so half-precision rounding inside a
+kernel is not emulated, only the dtypes at the boundary. Outputs are preallocated full of NaN, so
+an element no kernel writes shows up. Every buffer a kernel sees
 lies between two NaN guard bands (ctypes hands the kernels raw pointers, so nothing else would
 notice an overrun): a write there is reported; a read of an input in the input dtype (q, k, v,
 beta, do) is reported even when the kernel discards the value; a read of an acc_t buffer (states,
@@ -76,8 +80,25 @@ def _nan_like(x, shape=None):
     return torch.full(x.shape if shape is None else shape, math.nan, dtype=torch.float64)
 
 
+def state_dtype(dtype):
+    """cuda/fast_weight.cpp's state_dtype: the states' (and the kernels' accumulation) dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _widen(fn, inputs, states):
+    """The binding's check_inputs on dtypes and layout ({name: tensor} of inputs in q's dtype and of
+    states in the state dtype), then float64 copies of all of them for the emulator, in order."""
+    dtype = inputs["q"].dtype
+    assert dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64), f"{fn}: q has dtype {dtype}"
+    for name, x in [*inputs.items(), *states.items()]:
+        want = dtype if name in inputs else state_dtype(dtype)
+        assert x.dtype == want, f"{fn}: {name} has dtype {x.dtype}, expected {want}"
+        assert x.is_contiguous() and not x.is_cuda, f"{fn}: {name} must be contiguous (and here, on the CPU)"
+    return dtype, [x.double() for x in [*inputs.values(), *states.values()]]
+
+
 class EmulatedExtension:
-    """Same signatures and results as fw_fairseq._cuda, for contiguous float64 CPU tensors."""
+    """Same signatures, dtype contract and results as fw_fairseq._cuda, for contiguous CPU tensors."""
 
     def __init__(self, lib):
         self._lib = lib
@@ -90,23 +111,29 @@ class EmulatedExtension:
         _call(self._lib.emu_col, [mode, *tensors, B * H, T, P, v.shape[-1], int(reverse)], (state_out, out, aux))
 
     def sum_forward(self, q, k, v, state):
+        dtype, (q, k, v, state) = _widen("sum_forward", dict(q=q, k=k, v=v), dict(state=state))
         o, final_state = _nan_like(v), _nan_like(state)
         self._col(SUM, q, k, v, None, state, final_state, o, None, False)
-        return o, final_state
+        return o.to(state_dtype(dtype)), final_state.to(state_dtype(dtype))
 
     def sum_backward(self, q, k, v, state0, do, dfinal):
+        dtype, (q, k, v, do, state0, dfinal) = _widen("sum_backward", dict(q=q, k=k, v=v, do=do),
+                                                      dict(state0=state0, dfinal=dfinal))
         dq, dk, dv, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(state0)
         self._col(SUM, do, v, k, None, state0.transpose(-1, -2).contiguous(), None, dq, None, False)
         self._col(SUM, v, do, q, None, dfinal.transpose(-1, -2).contiguous(), None, dk, None, True)
         self._col(SUM, k, q, do, None, dfinal, dstate0, dv, None, True)
-        return dq, dk, dv, dstate0
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), dstate0.to(state_dtype(dtype))
 
     def delta_forward(self, q, k, v, beta, state):
+        dtype, (q, k, v, beta, state) = _widen("delta_forward", dict(q=q, k=k, v=v, beta=beta), dict(state=state))
         o, final_state = _nan_like(v), _nan_like(state)
         self._col(DELTA, q, k, v, beta, state, final_state, o, None, False)
-        return o, final_state
+        return o.to(state_dtype(dtype)), final_state.to(state_dtype(dtype))
 
     def delta_backward(self, q, k, v, beta, state0, do, dfinal):
+        dtype, (q, k, v, beta, do, state0, dfinal) = _widen(
+            "delta_backward", dict(q=q, k=k, v=v, beta=beta, do=do), dict(state0=state0, dfinal=dfinal))
         B, H, T, E = q.shape
         vbar, du, dk_part = _nan_like(v), _nan_like(v), _nan_like(q)
         dq, dk, dv, dbeta, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(beta), _nan_like(state0)
@@ -114,20 +141,24 @@ class EmulatedExtension:
         self._col(DELTA_GRAD, q, k, do, beta, dfinal, dstate0, dv, du, True)
         _call(self._lib.emu_delta_rows, [q, k, v, beta, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta,
                                          B * H, T, E, v.shape[-1]], (dk_part, dq, dk, dbeta))
-        return dq, dk, dv, dbeta, dstate0
+        return (*(x.to(dtype) for x in (dq, dk, dv, dbeta)), dstate0.to(state_dtype(dtype)))
 
-    def _step(self, delta, q, k, v, beta, state):
+    def _step(self, delta, inputs, state):
+        """One step; the caller's state (in the state dtype) is updated in place, as the kernel does."""
+        dtype, (q, k, v, *beta, state64) = _widen("delta_step" if delta else "sum_step", inputs, dict(state=state))
         B, H, T, E = q.shape
         assert T == 1
         o = _nan_like(v)
-        _call(self._lib.emu_step, [int(delta), q, k, v, beta, state, o, B * H, E, v.shape[-1]], (state, o))
-        return o
+        _call(self._lib.emu_step, [int(delta), q, k, v, beta[0] if delta else None, state64, o, B * H, E, v.shape[-1]],
+              (state64, o))
+        state.copy_(state64)
+        return o.to(state_dtype(dtype))
 
     def sum_step(self, q, k, v, state):
-        return self._step(False, q, k, v, None, state)
+        return self._step(False, dict(q=q, k=k, v=v), state)
 
     def delta_step(self, q, k, v, beta, state):
-        return self._step(True, q, k, v, beta, state)
+        return self._step(True, dict(q=q, k=k, v=v, beta=beta), state)
 
     def step_geometry(self, E, M):
         """(threads per block, dynamic shared memory bytes for a double state) of the step launcher."""

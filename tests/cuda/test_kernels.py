@@ -4,8 +4,10 @@ the gradients of q, k, v, beta and the initial state under random upstream gradi
 Two backends run the same checks through the ops developer's autograd wrappers
 (fw_fairseq.ops.cuda_functions, which take the extension as an argument):
 - "compiled": fw_fairseq._cuda on a GPU, in float64, float32, bfloat16 and float16;
-- "emulated": the same kernel code on the CPU (tests/cuda/emulator), float64 only, small shapes.
-On a GPU the public fast_weight_sum / fast_weight_delta are also checked to dispatch to the kernel.
+- "emulated": the same kernel code on the CPU (tests/cuda/emulator), computing in float64, small shapes.
+On a GPU the public fast_weight_sum / fast_weight_delta are also checked to dispatch to the kernel;
+everywhere, their CUDA branch (dispatch, wrappers, the binding's dtype contract) runs on the emulated
+kernels against the same rules as the chunked branch: results, dtypes, an empty batch, double backward.
 Tolerances are on ||got - ref|| / ||ref|| against float64 naive loops run on the same
 (dtype-rounded) inputs: float64 1e-12; float32 1e-4; bfloat16 and float16 2e-2 (outputs and
 gradients are rounded to those 8- and 11-bit mantissas; accumulation is float32).
@@ -74,7 +76,7 @@ def check_against_naive(rule, fn, inputs, tol):
     ref_grads = torch.autograd.grad((o_ref, s_ref), [ref_inputs[i] for i in wrt], (do, ds))
     got, ref = [o, s, *grads], [o_ref, s_ref, *ref_grads]
     for name, a, b in zip([n for i, n in enumerate(names) if i < 2 or i - 2 in wrt], got, ref):
-        assert torch.isfinite(a).all(), f"{rule} {name}: non-finite elements (unwritten output?)"
+        assert a.shape == b.shape and torch.isfinite(a).all(), f"{rule} {name}: shape or non-finite elements"
         err = ((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-30)).item()
         assert err < tol, f"{rule} {name}: relative error {err:.2e} >= {tol:.0e}"
 
@@ -174,3 +176,58 @@ def test_compiled_rejects_bad_inputs_with_clear_messages(compiled):
         compiled.sum_forward(big, big, v[:, :1, :2], torch.zeros(1, 1, 513, 8, device="cuda"))
     with pytest.raises(RuntimeError, match="expected 1"):
         compiled.delta_step(q, k, v, beta, s0)
+
+
+@pytest.fixture
+def emulated_branch(emulated, monkeypatch):
+    """The public ops take their CUDA branch on CPU tensors, with the emulated kernels."""
+    monkeypatch.setattr(public, "_cuda_kernel", lambda q, v: emulated)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("shape", [(2, 3, 1, 8, 5), (2, 1, 6, 8, 5), (0, 2, 5, 8, 3), (2, 0, 1, 8, 3)],
+                         ids=lambda s: "B{}H{}T{}E{}M{}".format(*s))
+def test_public_cuda_branch_matches_naive(emulated_branch, rule, shape):
+    check_against_naive(rule, "public", make_inputs(*shape, torch.float64, "cpu"), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_public_cuda_branch_follows_the_dtype_rule(emulated_branch, rule, T, dtype):
+    inputs = make_inputs(2, 2, T, 8, 5, dtype, "cpu")
+    with torch.no_grad():  # T = 1: the step kernel
+        results = run(rule, "public", inputs)
+    o, s = run(rule, "public", inputs)
+    wrt = inputs if rule == "delta" else inputs[:3] + inputs[4:]
+    grads = torch.autograd.grad(o.sum() + s.sum(), wrt)
+    assert [x.dtype for x in (*results, o, s)] == [torch.float32] * 4
+    assert [g.dtype for g in grads] == [x.dtype for x in wrt]
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_public_cuda_branch_fp16_sum_outputs_do_not_overflow(emulated_branch, T):
+    # q = k = 1 (E = 8), v = 4096 and a state of 4096s: o_t = 8 * 4096 * (t + 1) passes fp16's 65504
+    q = torch.ones(1, 1, T, 8, dtype=torch.float16)
+    v = torch.full((1, 1, T, 3), 4096.0, dtype=torch.float16)
+    state = torch.full((1, 1, 8, 3), 4096.0)
+    with torch.no_grad():  # T = 1: the step kernel
+        o, _ = public.fast_weight_sum(q, q, v, state)
+    expected = 8 * 4096.0 * torch.arange(2, T + 2, dtype=torch.float32)
+    torch.testing.assert_close(o, expected[None, None, :, None].expand(1, 1, T, 3), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("branch", ["chunked", "cuda"])
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("upstream", ["constant", "differentiable"])
+def test_double_backward_fails_loudly_on_both_branches(emulated, monkeypatch, branch, rule, upstream):
+    if branch == "cuda":
+        monkeypatch.setattr(public, "_cuda_kernel", lambda q, v: emulated)
+    q, k, v, beta, s0 = make_inputs(1, 2, 6, 8, 3, torch.float64, "cpu")
+    o, _ = run(rule, "public", [q, k, v, beta, s0])
+    w = torch.randn(o.shape, dtype=torch.float64, requires_grad=upstream == "differentiable")
+    # a gradient penalty beside a term that needs no second derivative: a first-order gradient
+    # without a graph would drop the penalty's part of the result without a word
+    with pytest.raises(RuntimeError, match="double backward"):
+        (g,) = torch.autograd.grad((o * w).sum(), q, create_graph=True)
+        torch.autograd.grad(g.square().sum() + q.square().sum(), q)

@@ -77,9 +77,11 @@ def test_forward_without_autograd_matches_recorded_forward(make_inputs, rule):
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_double_backward_is_refused(make_inputs, rule):
-    # once_differentiable: the first-order gradients carry no graph, so a second derivative raises
-    inputs = make_inputs(T=20, requires_grad=True)
-    o, _ = run_rule(rule, "chunked", *inputs, chunk=8)
-    (g,) = torch.autograd.grad(o.sum(), inputs[0], create_graph=True)
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        torch.autograd.grad(g.sum(), inputs[1])
+    # A gradient penalty next to another term: torch's once_differentiable let this through with a
+    # graph-less first-order gradient, silently dropping the penalty's second-order part.
+    # tests/cuda/test_kernels.py checks the CUDA Functions refuse it alike.
+    q, k, v, beta, state = make_inputs(T=20, requires_grad=True)
+    o, _ = run_rule(rule, "chunked", q, k, v, beta, state, chunk=8)
+    with pytest.raises(RuntimeError, match="double backward"):
+        (g,) = torch.autograd.grad(o.sum(), q, create_graph=True)
+        torch.autograd.grad(g.square().sum() + q.square().sum(), q)

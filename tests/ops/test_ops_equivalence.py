@@ -69,11 +69,11 @@ def test_no_final_state_unless_asked_and_zero_initial_state(make_inputs, rule):
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
-def test_low_precision_inputs_give_float32_state(make_inputs, rule, dtype, tol):
+def test_low_precision_inputs_give_float32_results(make_inputs, rule, dtype, tol):
     ref_in = make_inputs(T=70)
     o_ref, s_ref = run_rule(rule, "naive", *ref_in)
     o, s = run_rule(rule, "public", *[x.to(dtype) for x in ref_in])
-    assert o.dtype == dtype and s.dtype == torch.float32
+    assert o.dtype == s.dtype == torch.float32
     torch.testing.assert_close(o.double(), o_ref, rtol=tol, atol=tol)
     torch.testing.assert_close(s.double(), s_ref, rtol=tol, atol=tol)
 

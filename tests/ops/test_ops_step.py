@@ -16,7 +16,7 @@ def test_step_matches_naive_outputs_states_and_grads(make_inputs, rule, with_sta
     ours_fn, ref_fn = (fast_weight_sum, naive_sum) if rule == "sum" else (fast_weight_delta, naive_delta)
     low = [x.to(dtype) for x in args]
     o, s = ours_fn(*low, None if state is None else state.to(dtype), True)
-    assert o.dtype == dtype and s.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
+    assert o.dtype == s.dtype == (torch.float32 if dtype == torch.bfloat16 else dtype)
     if dtype != torch.float64:
         return
     o_ref, s_ref = ref_fn(*args, state, True)

@@ -41,8 +41,8 @@ int emu_col(int mode, const double* q, const double* k, const double* v, const d
   const bool ok = col_tier(P, [&](auto tier) {
     using Tier = decltype(tier);
     const int col_blocks = ceil_div(Q, Tier::kColsPerBlock);
-    const ColArgs<Scalar, double> a{in(q), in(k),     in(v), in(beta), state_in, state_out, out(o), aux,
-                                    T,     P,         Q,     col_blocks, reverse != 0};
+    const ColArgs<Scalar, double> a{in(q), in(k), in(v),      in(beta), state_in, state_out, o, aux,
+                                    T,     P,     Q,     col_blocks, reverse != 0};
     const int64_t grid = int64_t(heads) * col_blocks;
     const unsigned block = kColWarps * kWarp;
     switch (static_cast<ColMode>(mode)) {
@@ -91,9 +91,9 @@ int emu_step(int delta, const double* q, const double* k, const double* v, const
   emu::nan_reads = 0;
   const auto kernel = [&] {
     if (delta) {
-      step_kernel<Scalar, double, true>(in(q), in(k), in(v), in(beta), state, out(o), E, M, groups);
+      step_kernel<Scalar, double, true>(in(q), in(k), in(v), in(beta), state, o, E, M, groups);
     } else {
-      step_kernel<Scalar, double, false>(in(q), in(k), in(v), in(beta), state, out(o), E, M, groups);
+      step_kernel<Scalar, double, false>(in(q), in(k), in(v), in(beta), state, o, E, M, groups);
     }
   };
   if (!emu::launch(heads, groups * M, kernel)) return kLaunchRefused;

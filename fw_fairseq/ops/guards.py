@@ -1,0 +1,61 @@
+"""What every fast weight op guarantees whatever the caller's torch settings, decided here once for
+the chunked and the CUDA paths alike (fw_fairseq/ops/README.md §3).
+
+- One dtype rule, `state_dtype`: fp16/bf16 inputs are computed, accumulated and returned in float32
+  (outputs and states alike); float32 and float64 inputs in their own dtype. Half-precision results
+  would overflow: the state and the sum rule's unnormalised outputs (numerator and z column) add up
+  the whole sequence (ELU+1, E = 64: z . phi(q) grows like 85 t and passes fp16's 65504 at t ~ 650).
+  The CUDA binding mirrors the rule (state_dtype in cuda/fast_weight.cpp).
+- Autocast off inside, `autocast_off`: autocast would run the matmuls in half precision against the
+  float32 state (a crash: "Input dtypes must be the same") or hand back a half state. Each op casts
+  its inputs explicitly instead, so results under autocast equal results without it.
+- First-order only, `first_order`: the hand-written backward passes are not themselves differentiable.
+"""
+import contextlib
+import functools
+
+import torch
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+_DOUBLE_BACKWARD = ("fw_fairseq.ops: the fast weight ops' hand-written backward is not differentiable; "
+                    "create_graph=True (double backward, e.g. a gradient penalty) is not supported")
+
+
+def state_dtype(dtype):
+    """The dtype of the state, of the accumulation and of every result, for inputs of `dtype`."""
+    return torch.float32 if dtype in _HALF_DTYPES else dtype
+
+
+def autocast_off(fn):
+    """Runs fn with autocast off on every device where the caller has it on (no cost when it is off)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        enabled = [device for device in _AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+        if not enabled:
+            return fn(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for device in enabled:
+                stack.enter_context(torch.autocast(device, enabled=False))
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def first_order(backward):
+    """For an autograd Function's hand-written backward: runs it with autocast off (a loss.backward()
+    inside an autocast block would otherwise reach it with autocast on), and refuses to run when
+    autograd records it, i.e. under create_graph=True (the engine turns grad mode on in a backward
+    only then). torch's once_differentiable refuses only where the upstream gradient itself requires
+    grad; otherwise it returns gradients without a graph, and a gradient penalty computed from them
+    next to any other term silently loses its second-order part."""
+    backward_without_autocast = autocast_off(backward)
+
+    @functools.wraps(backward)
+    def run(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(_DOUBLE_BACKWARD)
+        return backward_without_autocast(ctx, *grads)
+
+    return run
