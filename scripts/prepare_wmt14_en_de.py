@@ -15,6 +15,7 @@ text) -> clean training pairs (ratio 1.5, 1-250 tokens) -> fairseq-preprocess
 (detokenised, for sacrebleu) and tok.{valid,test}.de (Moses-tokenised, for tokenised BLEU).
 """
 import argparse
+import gzip
 import io
 import itertools
 import json
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zlib
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
@@ -120,36 +122,47 @@ def locate_archives(args, orig):
 
 
 def verify_archives(args, archives, orig):
-    """Digests: those recorded by earlier runs, plus --checksums' where it names the archive
-    (e.g. a re-packed mirror), else the published ones."""
+    """Digests: --checksums' where it names the archive (a re-packed mirror, or a stale CHECKSUMS
+    line), else those recorded by earlier runs plus the published ones. Returns {name: sha256} of
+    the archives with none known, for extract to record once it has read them."""
     record = orig / "CHECKSUMS"
     recorded = dl.read_checksums(record) if record.exists() else {}
     given = dl.read_checksums(args.checksums) if args.checksums else {}
+    unrecorded = {}
     for s in SOURCES:
-        expected = set(recorded.get(s.name, [])) | set(given.get(s.name, s.digests))
-        dl.verify(archives[s.name], sorted(expected), record)
+        expected = given.get(s.name) or sorted(set(recorded.get(s.name, [])) | set(s.digests))
+        got = dl.verify(archives[s.name], expected)
+        if got:
+            unrecorded[s.name] = got
+    return unrecorded
 
 
 def extract_one(job):
     archive, members, raw = job
     wanted = {inner: out for out, inner in members}
-    with tarfile.open(archive, "r:*") as tar:
-        for member in tar:
-            out = wanted.pop(member.name.removeprefix("./"), None)
-            if out is None:
-                continue
-            # Streamed: the training members are hundreds of MB each.
-            stream = io.TextIOWrapper(tar.extractfile(member), encoding="utf-8", errors="replace", newline="\n")
-            lines = (line.rstrip("\n") for line in stream)
-            if member.name.endswith(".sgm"):
-                lines = text.sgm_to_lines(lines)
-            with text.open_text(raw / out, "w") as f:
-                f.writelines(line + "\n" for line in lines)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:
+                out = wanted.pop(member.name.removeprefix("./"), None)
+                if out is None:
+                    continue
+                # Streamed: the training members are hundreds of MB each.
+                stream = io.TextIOWrapper(tar.extractfile(member), encoding="utf-8", errors="replace", newline="\n")
+                lines = (line.rstrip("\n") for line in stream)
+                if member.name.endswith(".sgm"):
+                    lines = text.sgm_to_lines(lines)
+                with text.open_text(raw / out, "w") as f:
+                    f.writelines(line + "\n" for line in lines)
+    except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as err:
+        # a PrepError, which main reports in one line (tarfile's messages span several lines)
+        raise PrepError(f"cannot read {archive} ({' '.join(str(err).split())}): replace it with a good "
+                        f"copy (or delete it to download it again) and re-run") from None
     if wanted:
         raise PrepError(f"{archive} lacks {', '.join(wanted)}: is it the right archive?")
 
 
-def extract(archives, raw, workers):
+def extract(archives, raw, workers, unrecorded, record_file):
+    """Extracts every archive; records `unrecorded` digests only then, once the files proved good."""
     raw.mkdir(parents=True, exist_ok=True)
     jobs = [(archives[s.name], s.members, raw) for s in SOURCES]
     with Pool(min(workers, len(jobs))) as pool:
@@ -158,6 +171,8 @@ def extract(archives, raw, workers):
         counts = [text.count_lines(raw / f"{corpus}.{l}") for l in LANGS]
         if counts[0] != counts[1]:
             raise PrepError(f"{corpus}: {counts[0]} English vs {counts[1]} German lines")
+    for name, got in unrecorded.items():
+        dl.record(name, got, record_file)
 
 
 def tokenise(raw, tok, workers):
@@ -247,7 +262,8 @@ def parse_args(argv):
     p.add_argument("--raw-dir", help="directory already holding the five archives; nothing is downloaded")
     p.add_argument("--mirror", help="base URL to fetch every archive from (BASE/<archive name>)")
     p.add_argument("--url", action="append", default=[], metavar="NAME=URL", help="override one archive's URL")
-    p.add_argument("--checksums", help="file of 'ALGO:HEX  NAME' (or sha256sum) lines; replaces the published digest of the archives it names")
+    p.add_argument("--checksums", help="file of 'ALGO:HEX  NAME' (or sha256sum) lines; replaces the published "
+                   "and recorded (WORK/orig/CHECKSUMS) digests of the archives it names")
     p.add_argument("--no-verify", action="store_true", help="skip checksum verification")
     p.add_argument("--bpe-merges", type=int, default=32000, help="subword-nmt merge operations (paper: 32K)")
     p.add_argument("--spm", action="store_true",
@@ -269,11 +285,12 @@ def main(argv=None):
     steps = Steps(work / ".done")
     try:
         archives = {s.name: Path(args.raw_dir or orig) / s.name for s in SOURCES}
+        unrecorded = {}
         if not (steps.marker_dir / "extract").exists():
             archives = locate_archives(args, orig)
             if not args.no_verify:
-                verify_archives(args, archives, orig)
-        steps.run("extract", extract, archives, raw, args.workers)
+                unrecorded = verify_archives(args, archives, orig)
+        steps.run("extract", extract, archives, raw, args.workers, unrecorded, orig / "CHECKSUMS")
         steps.run("tokenise", tokenise, raw, tok, args.workers)
         if args.spm:
             steps.run(f"{tag}.learn", learn_spm, tok, sub, args.spm_vocab_size, args.workers)

@@ -1,9 +1,9 @@
 """Resumable downloads and checksum bookkeeping for the WMT14 En-De archives.
 
 Digests are strings "ALGO:HEX" (md5 or sha256). Where no digest is published for an
-archive we refuse to invent one: the first download is hashed and the sha256 recorded in
-a CHECKSUMS file next to it, so later runs (and copies taken to other machines) are
-checked against what was actually fetched.
+archive we refuse to invent one: the first download is hashed, and once it has been read
+as a good archive its sha256 is recorded in a CHECKSUMS file next to it, so later runs (and
+copies taken to other machines) are checked against what was actually fetched.
 """
 import hashlib
 import re
@@ -79,8 +79,10 @@ class ChecksumError(Exception):
     pass
 
 
-def verify(path, expected, record_file):
-    """Check path against every expected digest; with none known, record its sha256 instead."""
+def verify(path, expected):
+    """Check path against every expected digest. With none known, return its sha256 for `record`,
+    which the caller calls only once the file has been read as a good archive: a digest of a
+    broken download, recorded, would refuse the good file later."""
     path = Path(path)
     for want in expected:
         algo = want.split(":", 1)[0]
@@ -94,10 +96,12 @@ def verify(path, expected, record_file):
             )
     if expected:
         log(f"{path.name}: checksum ok ({', '.join(e.split(':')[0] for e in expected)})")
-        return
-    got = digest(path, "sha256")
-    record_file = Path(record_file)
+        return None
+    return digest(path, "sha256")
+
+
+def record(name, got, record_file):
+    """Append digest `got` of the file called `name` to record_file (read_checksums' format)."""
     with open(record_file, "a") as f:
-        f.write(f"{got}  {path.name}\n")
-    log(f"{path.name}: no published checksum known; recorded {got} in {record_file} "
-        f"(later runs verify against it)")
+        f.write(f"{got}  {name}\n")
+    log(f"{name}: no published checksum known; recorded {got} in {record_file} (later runs verify against it)")

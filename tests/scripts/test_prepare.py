@@ -11,9 +11,10 @@ import pytest
 
 import wmt_download
 import wmt_text
-from conftest import CORPUS, SCRIPTS, prepare
+from conftest import CORPUS, SCRIPTS, prepare, run
 
 STEPS = ("extract", "tokenise", "bpe300.learn", "bpe300.apply", "bpe300.clean", "bpe300.preprocess")
+NC = "training-parallel-nc-v9.tgz"  # a training archive: no published digest
 
 
 def test_pipeline_outputs(prepared):
@@ -94,6 +95,49 @@ def test_failed_download_says_where_to_put_the_file(tmp_path):
     assert f"Download it yourself to {tmp_path / 'work' / 'orig' / 'training-parallel-europarl-v7.tgz'}" in err
 
 
+def _sha256_line(path):
+    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n"
+
+
+def _last_line_names(err, path):
+    """The run failed with one line naming path, and no traceback."""
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("prepare_wmt14_en_de: ") and str(path) in last, err
+
+
+@pytest.mark.parametrize("damage", ["html", "truncated"])
+def test_unreadable_archive_is_not_recorded_and_checksums_win(tmp_path, archives, checksums, damage):
+    raw, work = tmp_path / "raw", tmp_path / "work"
+    shutil.copytree(archives, raw)
+    good = (raw / NC).read_bytes()
+    (raw / NC).write_bytes(b"<html>404 Not Found</html>\n" if damage == "html" else good[: len(good) // 2])
+    err = _fail("--work-dir", work, "--raw-dir", raw, "--checksums", checksums)
+    _last_line_names(err, raw / NC)
+    record = work / "orig" / "CHECKSUMS"
+    assert NC not in (record.read_text() if record.exists() else "")  # nothing recorded before a good read
+    # the good archive passes, even against a digest of the bad one recorded by an earlier version,
+    # when --checksums names it; its digest, and the others', are recorded once they have been read
+    record.write_text(_sha256_line(raw / NC))
+    (raw / NC).write_bytes(good)
+    sums = tmp_path / "sums"
+    sums.write_text(checksums.read_text() + _sha256_line(raw / NC))
+    proc = run([sys.executable, SCRIPTS / "prepare_wmt14_en_de.py", "--work-dir", work, "--raw-dir", raw,
+                "--checksums", sums, "--bpe-merges", "300", "--workers", "2"])
+    assert f"{NC}: checksum ok" in proc.stderr
+    assert (work / "data-bin" / "bpe300" / "train.en-de.en.bin").stat().st_size > 0
+    assert record.read_text().count("sha256:") == 3  # the stale line, europarl's and commoncrawl's
+
+
+@pytest.mark.parametrize("damage", ["html", "truncated"])
+def test_no_verify_unreadable_archive_is_one_line_naming_it(tmp_path, archives, damage):
+    raw = tmp_path / "raw"
+    shutil.copytree(archives, raw)
+    bad = raw / "test-full.tgz"
+    bad.write_bytes(b"" if damage == "html" else bad.read_bytes()[:-200])
+    _last_line_names(_fail("--work-dir", tmp_path / "work", "--raw-dir", raw, "--no-verify"), bad)
+
+
 def test_checksum_mismatch_stops(tmp_path, archives, checksums):
     raw = tmp_path / "raw"
     shutil.copytree(archives, raw)
@@ -150,12 +194,13 @@ def test_fetch_restarts_when_the_server_ignores_range(tmp_path):
 def test_verify_records_then_checks(tmp_path):
     f, record = tmp_path / "x.tgz", tmp_path / "CHECKSUMS"
     f.write_bytes(b"data")
-    wmt_download.verify(f, [], record)
     digest = f"sha256:{hashlib.sha256(b'data').hexdigest()}"
+    assert wmt_download.verify(f, []) == digest and not record.exists()  # the caller records it, later
+    wmt_download.record(f.name, digest, record)
     assert wmt_download.read_checksums(record) == {"x.tgz": [digest]}
-    wmt_download.verify(f, [digest, f"md5:{hashlib.md5(b'data').hexdigest()}"], record)
+    assert wmt_download.verify(f, [digest, f"md5:{hashlib.md5(b'data').hexdigest()}"]) is None
     with pytest.raises(wmt_download.ChecksumError, match="checksum mismatch"):
-        wmt_download.verify(f, ["sha256:" + "0" * 64], record)
+        wmt_download.verify(f, ["sha256:" + "0" * 64])
 
 
 def test_clean_pair_matches_clean_corpus_n():
