@@ -1,11 +1,12 @@
 """Pure tensor maths of fast weight programmers: update rules and feature maps (no fairseq here)."""
-from .fast_weight import (fast_weight_attend, fast_weight_delta, fast_weight_read, fast_weight_sum,
-                          fast_weight_write)
+from .fast_weight import (fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_read,
+                          fast_weight_sum, fast_weight_write)
 from .feature_maps import FavorPlus, dpfp, elu_plus_one, sum_normalize
 
 __all__ = [
     "fast_weight_sum",
     "fast_weight_delta",
+    "fast_weight_gated_delta",
     "fast_weight_write",
     "fast_weight_read",
     "fast_weight_attend",

@@ -6,9 +6,11 @@ The work is done by two autograd Functions with hand-written backward passes
 (chunked_sum_function.py, chunked_delta_function.py); they keep one state per chunk, never one per
 position, so backward memory is O(N E M + T (E + M + C)) per head instead of O(T E M).
 This file turns [B, H, T, D] inputs into their [B*H, N, C, D] chunks and back.
+The T = 1 decoding steps, which need no chunks, are in step.py.
 
-Shapes: q, k [B, H, T, E]; v [B, H, T, M]; beta [B, H, T]; state [B, H, E, M]. T need not be a
-multiple of C: the tail is zero-padded (zero k and beta write nothing; zero q reads nothing).
+Shapes: q, k [B, H, T, E]; v [B, H, T, M]; beta, alpha [B, H, T]; state [B, H, E, M]. T need not be a
+multiple of C: the tail is zero-padded (zero k and beta write nothing; zero q reads nothing; the
+gates' tail is alpha = 1, no decay).
 fp16/bf16 inputs are computed and accumulated in float32, and outputs and state stay float32
 (guards.state_dtype). Shapes are spelled out at every reshape, never -1: an empty batch (B or H = 0)
 has 0 elements, which no -1 can be inferred from.
@@ -87,7 +89,14 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
 
 
 def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, chunk_size=None):
-    """Causal delta rule in the chunkwise WY/UT form (Yang et al., 2024; ChunkedDelta).
+    """Causal delta rule in the chunkwise WY/UT form (Yang et al., 2024): chunked_gated_delta with
+    alpha = 1, which skips every decay. Returns (o [B, H, T, M] or None, state [B, H, E, M] or None)."""
+    return chunked_gated_delta(q, k, v, beta, None, initial_state, output_final_state, chunk_size)
+
+
+def chunked_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_state=False, chunk_size=None):
+    """Causal gated delta rule, chunkwise (ChunkedDelta; README §8): W_t = alpha_t W_{t-1} +
+    beta_t k_t (v_t - alpha_t W_{t-1}^T k_t)^T. alpha [B, H, T] in (0, 1], or None for alpha = 1.
 
     Returns (o [B, H, T, M] or None, state [B, H, E, M] or None). q may be None (a pure write, as in
     fast_weight_write): then no output is computed and o is None. chunk_size: the longest chunk;
@@ -100,41 +109,10 @@ def chunked_delta(q, k, v, beta, initial_state=None, output_final_state=False, c
     C = _balanced_chunk(T, chunk_size)
     K, V, Bt = (_head_major_chunks(x, C, dtype) for x in (k, v, beta))  # [BH, N, C, E|M], [BH, N, C]
     Q = None if q is None else _head_major_chunks(q, C, dtype)
+    # cumulative log-gates within each chunk [BH, N, C]; the zero-padded tail is log(alpha = 1)
+    g = None if alpha is None else _head_major_chunks(alpha.to(dtype).log(), C, dtype).cumsum(-1)
     S0 = _heads_state(initial_state, dtype)
-    o, S = ChunkedDelta.apply(Q, K, V, Bt, S0, output_final_state, _needs_backward(Q, K, V, Bt, S0))
+    o, S = ChunkedDelta.apply(Q, K, V, Bt, g, S0, output_final_state, _needs_backward(Q, K, V, Bt, g, S0))
     if o is not None:
         o = _from_head_major(o, B, H, T)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)
-
-
-def _add_outer(S0, k, u):
-    """S0 + k^T u over [B, H] in one fused baddbmm (no temporary [B, H, E, M] outer product).
-
-    S0 [B, H, E, M] or None; k [B, H, 1, E]; u [B, H, 1, M] -> [B, H, E, M]."""
-    (B, H, _, E), M = k.shape, u.shape[-1]
-    kt, ut = k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, M)  # [BH, E, 1], [BH, 1, M]
-    if S0 is None:
-        return (kt @ ut).view(B, H, E, M)
-    return torch.baddbmm(S0.reshape(B * H, E, M), kt, ut).view(B, H, E, M)
-
-
-def step_sum(q, k, v, initial_state=None, output_final_state=False):
-    """T = 1 (a decoding step): S + k v^T, o = q S, without the chunk machinery's small-op overhead.
-
-    q, k [B, H, 1, E]; v [B, H, 1, M]; state [B, H, E, M]. Same function as chunked_sum at T = 1.
-    """
-    dtype = state_dtype(q.dtype)
-    q, k, v = (x.to(dtype) for x in (q, k, v))
-    S0 = None if initial_state is None else initial_state.to(dtype)
-    S = _add_outer(S0, k, v)  # [B, H, E, M]
-    return q @ S, (S if output_final_state else None)
-
-
-def step_delta(q, k, v, beta, initial_state=None, output_final_state=False):
-    """T = 1 delta rule: u = beta (v - k S), S + k^T u, o = q S. Same function as chunked_delta at T = 1."""
-    dtype = state_dtype(q.dtype)
-    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
-    S0 = None if initial_state is None else initial_state.to(dtype)
-    u = v if S0 is None else v - k @ S0  # [B, H, 1, M]: v - W_{t-1}^T k
-    S = _add_outer(S0, k, beta[..., None] * u)  # [B, H, E, M]
-    return q @ S, (S if output_final_state else None)

@@ -1,7 +1,8 @@
 """Public fast weight ops and the one dispatch point (CUDA kernel or chunked PyTorch).
 
-Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta [B, H, T];
-state [B, H, E, M] (keys x values). No scaling or normalisation happens here: the attention module
+Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta, alpha [B, H, T];
+state [B, H, E, M] (keys x values). alpha (the gated rule's decay) must lie in (0, 1]; its values are
+not checked (that would synchronise a GPU at every call). No scaling or normalisation happens here: the attention module
 divides by z . phi(q) (sum rule) or sum-normalises phi (delta rule) itself.
 
 dtypes: any float dtype. Mixed inputs (e.g. float32 FAVOR+ features with fp16 values) are promoted
@@ -15,9 +16,10 @@ import logging
 
 import torch
 
-from .chunked import chunked_delta, chunked_sum, step_delta, step_sum
+from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_sum
 from .guards import autocast_off, state_dtype
+from .step import step_delta, step_gated_delta, step_sum
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ _fallbacks_logged = set()
 @autocast_off
 def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
-    q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, None, initial_state)
+    q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, {}, initial_state)
     ext = _cuda_kernel(q, v)
     if ext is None:  # a decoding step (T = 1) skips the chunk machinery
         step = step_sum if q.shape[2] == 1 else chunked_sum
@@ -46,7 +48,7 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
 
     Returns (o [B, H, T, M], state [B, H, E, M] or None).
     """
-    q, k, v, beta, state0 = _check_causal("fast_weight_delta", q, k, v, beta, initial_state)
+    q, k, v, (beta, _), state0 = _check_causal("fast_weight_delta", q, k, v, {"beta": beta}, initial_state)
     ext = _cuda_kernel(q, v)
     if ext is None:
         step = step_delta if q.shape[2] == 1 else chunked_delta
@@ -56,15 +58,32 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
 
 
 @autocast_off
-def fast_weight_write(k, v, beta=None):
+def fast_weight_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_state=False):
+    """Causal gated delta rule (Gated DeltaNet, Yang et al. 2024), alpha [B, H, T] in (0, 1]:
+    W_t = alpha_t W_{t-1} + beta_t k_t (v_t - alpha_t W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
+    alpha = 1 is fast_weight_delta. Returns (o [B, H, T, M], state [B, H, E, M] or None).
+    No CUDA kernel yet: CUDA tensors take the chunked path (the ungated kernel would drop alpha).
+    """
+    q, k, v, (beta, alpha), state0 = _check_causal(
+        "fast_weight_gated_delta", q, k, v, {"beta": beta, "alpha": alpha}, initial_state)
+    if q.is_cuda:
+        _log_fallback("the gated delta rule has no CUDA kernel")
+    step = step_gated_delta if q.shape[2] == 1 else chunked_gated_delta
+    return step(q, k, v, beta, alpha, state0, output_final_state)
+
+
+@autocast_off
+def fast_weight_write(k, v, beta=None, alpha=None):
     """Non-causal memory of all T positions: sum_t k_t v_t^T (beta None), or the state after the delta
-    writes t = 1..T in order (the causal delta rule's final state). Returns state [B, H, E, M]."""
-    _, k, v, beta, _ = _check_causal("fast_weight_write", k, k, v, beta, None, names=("k", "k", "v"))
+    writes t = 1..T in order (the causal delta rule's final state; gated by alpha [B, H, T] if given).
+    Returns state [B, H, E, M]."""
+    _, k, v, (beta, alpha), _ = _check_causal("fast_weight_write", k, k, v, _scalars("fast_weight_write", beta, alpha),
+                                              None, names=("k", "k", "v"))
     if beta is None:
         return torch.einsum("bhte,bhtm->bhem", k.to(state_dtype(k.dtype)), v.to(state_dtype(k.dtype)))
-    ext = _cuda_kernel(k, v)
+    ext = None if alpha is not None else _cuda_kernel(k, v)
     if ext is None:
-        return chunked_delta(None, k, v, beta, None, output_final_state=True)[1]
+        return chunked_gated_delta(None, k, v, beta, alpha, None, output_final_state=True)[1]
     # the kernel always reads; reading with q = k is the cheapest valid query
     return cuda_delta(ext, k, k, v, beta, _kernel_state(k, k, v, None))[1]
 
@@ -86,14 +105,15 @@ def fast_weight_read(q, state):
 
 
 @autocast_off
-def fast_weight_attend(q, k, v, beta=None):
-    """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta)).
+def fast_weight_attend(q, k, v, beta=None, alpha=None):
+    """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta, alpha)).
 
     Same function, cheaper order where it exists: for the sum rule, when Tq*T*(E+M) is below
     (Tq+T)*E*M (short sentences: T < E, M), o = (q k^T) v never forms the [E, M] memory.
-    q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta [B, H, T] or None -> o [B, H, Tq, M].
+    q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta, alpha [B, H, T] or None -> o [B, H, Tq, M].
     """
-    _, k, v, beta, _ = _check_causal("fast_weight_attend", k, k, v, beta, None, names=("k", "k", "v"))
+    _, k, v, (beta, alpha), _ = _check_causal("fast_weight_attend", k, k, v, _scalars("fast_weight_attend", beta, alpha),
+                                              None, names=("k", "k", "v"))
     _check_tensor("fast_weight_attend", "q", q, 4, "[B, H, Tq, E]")
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"fast_weight_attend: q has shape {tuple(q.shape)}, expected "
@@ -101,13 +121,13 @@ def fast_weight_attend(q, k, v, beta=None):
     # one dtype for q and the memory, so that both orders compute in the same precision
     dtype = torch.promote_types(q.dtype, k.dtype)
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    beta = None if beta is None else beta.to(dtype)
+    beta, alpha = (None if x is None else x.to(dtype) for x in (beta, alpha))
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
     if beta is None and Tq * T * (E + M) < (Tq + T) * E * M:
         dtype = state_dtype(dtype)
         scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
         return scores @ v.to(dtype)  # [B, H, Tq, M]
-    return fast_weight_read(q, fast_weight_write(k, v, beta))
+    return fast_weight_read(q, fast_weight_write(k, v, beta, alpha))
 
 
 def _cuda_kernel(q, v):
@@ -151,8 +171,17 @@ def _kernel_state(q, k, v, state0):
     return state0.to(state_dtype(q.dtype)).contiguous()
 
 
-def _check_causal(fn, q, k, v, beta, initial_state, names=("q", "k", "v")):
-    """Validate, promote q, k, v (and beta) to one float dtype and make them contiguous."""
+def _scalars(fn, beta, alpha):
+    """The per-position scalars of a write: none (sum rule), beta (delta) or beta and alpha (gated)."""
+    if beta is None and alpha is not None:
+        raise ValueError(f"{fn}: alpha (the gated delta rule's decay) needs beta")
+    return {name: x for name, x in (("beta", beta), ("alpha", alpha)) if x is not None}
+
+
+def _check_causal(fn, q, k, v, scalars, initial_state, names=("q", "k", "v")):
+    """Validate, promote q, k, v and the per-position scalars ({name: [B, H, T] tensor}, e.g. beta)
+    to one float dtype and make them contiguous. Returns (q, k, v, [beta, alpha] with None for the
+    scalars not given, initial_state)."""
     for name, x, shape in zip(names, (q, k, v), ("[B, H, T, E]", "[B, H, T, E]", "[B, H, T, M]")):
         _check_tensor(fn, name, x, 4, shape)
     B, H, T, E = q.shape
@@ -162,12 +191,11 @@ def _check_causal(fn, q, k, v, beta, initial_state, names=("q", "k", "v")):
         raise ValueError(f"{fn}: {names[1]} has shape {tuple(k.shape)}, expected {names[0]}'s {tuple(q.shape)}")
     if v.shape[:3] != (B, H, T):
         raise ValueError(f"{fn}: v has shape {tuple(v.shape)}, expected [B, H, T, M] = [{B}, {H}, {T}, M]")
-    tensors = {"k": k, "v": v}
-    if beta is not None:
-        _check_tensor(fn, "beta", beta, 3, "[B, H, T]")
-        if beta.shape != (B, H, T):
-            raise ValueError(f"{fn}: beta has shape {tuple(beta.shape)}, expected [B, H, T] = [{B}, {H}, {T}]")
-        tensors["beta"] = beta
+    for name, x in scalars.items():
+        _check_tensor(fn, name, x, 3, "[B, H, T]")
+        if x.shape != (B, H, T):
+            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected [B, H, T] = [{B}, {H}, {T}]")
+    tensors = {"k": k, "v": v, **scalars}
     if initial_state is not None:
         _check_tensor(fn, "initial_state", initial_state, 4, "[B, H, E, M]")
         M = v.shape[-1]
@@ -179,11 +207,12 @@ def _check_causal(fn, q, k, v, beta, initial_state, names=("q", "k", "v")):
         tensors["initial_state"] = initial_state
     _check_device(fn, q.device, names[0], **tensors)
     dtype = q.dtype
-    for x in (k, v) if beta is None else (k, v, beta):
+    for x in (k, v, *scalars.values()):
         dtype = torch.promote_types(dtype, x.dtype)
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-    beta = None if beta is None else beta.to(dtype).contiguous()
-    return q, k, v, beta, initial_state
+    per_position = [None if name not in scalars else scalars[name].to(dtype).contiguous()
+                    for name in ("beta", "alpha")]
+    return q, k, v, per_position, initial_state
 
 
 def _check_tensor(fn, name, x, rank, shape):

@@ -1,14 +1,27 @@
 """One way to call every implementation of the causal rules, shared by the ops tests."""
-from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
-from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
-from fw_fairseq.ops.naive import naive_delta, naive_sum
+from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
+from fw_fairseq.ops.chunked import chunked_delta, chunked_gated_delta, chunked_sum
+from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+
+RULE_FNS = {
+    "sum": {"naive": naive_sum, "chunked": chunked_sum, "public": fast_weight_sum},
+    "delta": {"naive": naive_delta, "chunked": chunked_delta, "public": fast_weight_delta},
+    "gated_delta": {"naive": naive_gated_delta, "chunked": chunked_gated_delta, "public": fast_weight_gated_delta},
+}
+SCALARS = {"sum": (), "delta": ("beta",), "gated_delta": ("beta", "alpha")}  # per-position inputs
 
 
-def run_rule(rule, impl, q, k, v, beta, state, chunk=64):
-    """(o, final_state) of one implementation of `rule` (sum / delta); impl in naive / chunked / public.
-    chunk is the chunked path's chunk size; beta is ignored by the sum rule."""
-    if rule == "sum":
-        fn = {"naive": naive_sum, "chunked": lambda *a: chunked_sum(*a, chunk_size=chunk), "public": fast_weight_sum}
-        return fn[impl](q, k, v, state, True)
-    fn = {"naive": naive_delta, "chunked": lambda *a: chunked_delta(*a, chunk_size=chunk), "public": fast_weight_delta}
-    return fn[impl](q, k, v, beta, state, True)
+def gates_from(beta):
+    """A decay alpha in [0.5, 1) [B, H, T] for the tests that draw only beta: a function of beta, so
+    that it shares beta's dtype, shape and autograd leaf."""
+    return 1 - 0.5 * beta
+
+
+def run_rule(rule, impl, q, k, v, beta, state, chunk=64, alpha=None):
+    """(o, final_state) of one implementation of `rule` (sum / delta / gated_delta); impl in naive /
+    chunked / public. chunk is the chunked path's chunk size; the sum rule ignores beta, the gated
+    rule takes alpha (gates_from(beta) if not given)."""
+    fn = RULE_FNS[rule][impl]
+    kwargs = {"chunk_size": chunk} if impl == "chunked" else {}
+    scalars = {"beta": beta, "alpha": gates_from(beta) if alpha is None else alpha}
+    return fn(q, k, v, *(scalars[name] for name in SCALARS[rule]), state, True, **kwargs)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fw_fairseq.ops import fast_weight_delta, fast_weight_read, fast_weight_sum, fast_weight_write
+from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_read, fast_weight_sum, fast_weight_write
 from fw_fairseq.ops.naive import naive_noncausal
 
 
@@ -57,7 +57,7 @@ def test_write_read_low_precision(make_inputs, dtype):
 def _good(B=2, H=3, T=4, E=5, M=6):
     return dict(
         q=torch.rand(B, H, T, E), k=torch.rand(B, H, T, E), v=torch.rand(B, H, T, M),
-        beta=torch.rand(B, H, T), initial_state=torch.rand(B, H, E, M),
+        beta=torch.rand(B, H, T), alpha=torch.rand(B, H, T), initial_state=torch.rand(B, H, E, M),
     )
 
 
@@ -80,20 +80,26 @@ BAD_CAUSAL = [
     ("initial_state", torch.rand(2, 3, 5, 6, device="meta"), "initial_state.*device"),
     ("q", [[1.0]], "q.*torch.Tensor"),
     ("q", torch.rand(2, 3, 0, 5), "T=0"),
+    ("alpha", torch.rand(2, 3, 5), "alpha.*shape"),
+    ("alpha", torch.rand(2, 3, 4, 1), "alpha.*rank"),
+    ("alpha", torch.ones(2, 3, 4, dtype=torch.int32), "alpha.*dtype"),
+    ("alpha", torch.rand(2, 3, 4, device="meta"), "alpha.*device"),
 ]
+# which rule reads which per-position scalars
+SCALARS = {"sum": (), "delta": ("beta",), "gated_delta": ("beta", "alpha")}
+OPS = {"sum": fast_weight_sum, "delta": fast_weight_delta, "gated_delta": fast_weight_gated_delta}
 
 
-CAUSAL_CASES = [("delta", *case) for case in BAD_CAUSAL] + [("sum", *case) for case in BAD_CAUSAL if case[0] != "beta"]
+CAUSAL_CASES = [(rule, *case) for rule in OPS for case in BAD_CAUSAL
+                if case[0] not in ("beta", "alpha") or case[0] in SCALARS[rule]]
 
 
 @pytest.mark.parametrize("rule,name,bad,match", CAUSAL_CASES, ids=lambda x: x if isinstance(x, str) else "")
 def test_causal_rejects_bad_inputs(rule, name, bad, match):
-    args = _good()
-    if rule == "sum":
-        del args["beta"]
+    args = {key: x for key, x in _good().items() if key not in ("beta", "alpha") or key in SCALARS[rule]}
     args[name] = bad
     with pytest.raises(ValueError, match=match):
-        (fast_weight_sum if rule == "sum" else fast_weight_delta)(**args)
+        OPS[rule](**args)
 
 
 @pytest.mark.parametrize(
@@ -105,10 +111,13 @@ def test_causal_rejects_bad_inputs(rule, name, bad, match):
         ("beta", torch.rand(2, 3, 5), "beta.*shape"),
         ("v", torch.ones(2, 3, 4, 6, dtype=torch.long), "v.*dtype"),
         ("beta", torch.rand(2, 3, 4, device="meta"), "beta.*device"),
+        ("alpha", torch.rand(2, 3, 5), "alpha.*shape"),
+        ("alpha", torch.rand(2, 3, 4, device="meta"), "alpha.*device"),
+        ("beta", None, "alpha.*needs beta"),
     ],
 )
 def test_write_rejects_bad_inputs(name, bad, match):
-    args = {key: value for key, value in _good().items() if key in ("k", "v", "beta")}
+    args = {key: value for key, value in _good().items() if key in ("k", "v", "beta", "alpha")}
     args[name] = bad
     with pytest.raises(ValueError, match=match):
         fast_weight_write(**args)

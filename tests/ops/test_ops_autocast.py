@@ -35,7 +35,7 @@ def test_autocast_changes_nothing(make_inputs, name, T, call, dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         auto, auto_grads = _results_and_grads(call, inputs, False)
     _assert_same(auto + list(auto_grads), plain + list(plain_grads))
-    if name.startswith(("sum", "delta", "write")):
+    if name.startswith(("sum", "delta", "gated", "write")):
         assert auto[-1].dtype == torch.float32  # the state: float32 for bf16 and float32 inputs
 
 

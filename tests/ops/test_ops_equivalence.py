@@ -4,35 +4,40 @@ import torch
 
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
 from fw_fairseq.ops.naive import naive_delta, naive_sum, quadratic_sum
-from rule_runner import run_rule
+from conftest import make_alpha
+from rule_runner import SCALARS, run_rule
 
 # (B, H, T, E, M, chunk): T not a multiple of the chunk, T = 1, T a multiple, T < chunk, chunk 1
 SHAPES = [(2, 3, 37, 8, 5, 8), (1, 2, 1, 4, 4, 64), (2, 1, 64, 6, 3, 16), (1, 1, 20, 9, 4, 64), (1, 2, 7, 4, 6, 1)]
 
 
-def _grads(rule, impl, inputs, upstream, chunk=64):
-    """Gradients w.r.t. q, k, v, (beta), initial_state under random upstream gradients on (o, state)."""
-    o, state = run_rule(rule, impl, *inputs, chunk=chunk)
-    wrt = [x for i, x in enumerate(inputs) if rule == "delta" or i != 3]
+def _grads(rule, impl, inputs, alpha, upstream, chunk=64):
+    """Gradients w.r.t. q, k, v, (beta, alpha), initial_state under random upstream gradients on (o, state)."""
+    o, state = run_rule(rule, impl, *inputs, chunk=chunk, alpha=alpha)
+    q, k, v, beta, state0 = inputs
+    wrt = [q, k, v] + [{"beta": beta, "alpha": alpha}[name] for name in SCALARS[rule]] + [state0]
     return torch.autograd.grad((o, state), wrt, grad_outputs=upstream)
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}T{}E{}M{}C{}".format(*s))
 @pytest.mark.parametrize("impl", ["chunked", "public"])
 def test_matches_naive_outputs_states_and_grads(make_inputs, rule, shape, impl):
     B, H, T, E, M, chunk = shape
     inputs = make_inputs(B, H, T, E, M, requires_grad=True)
-    o_ref, s_ref = run_rule(rule, "naive", *inputs)
-    o, s = run_rule(rule, impl, *inputs, chunk=chunk)
+    alpha = make_alpha(B, H, T, requires_grad=True)
+    o_ref, s_ref = run_rule(rule, "naive", *inputs, alpha=alpha)
+    o, s = run_rule(rule, impl, *inputs, chunk=chunk, alpha=alpha)
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
 
     g = torch.Generator().manual_seed(1)
     upstream = (torch.randn(o.shape, generator=g, dtype=o.dtype), torch.randn(s.shape, generator=g, dtype=s.dtype))
-    ref = _grads(rule, "naive", inputs, upstream)
-    got = _grads(rule, impl, inputs, upstream, chunk=chunk)
-    for name, a, b in zip(["q", "k", "v", "beta", "state"] if rule == "delta" else ["q", "k", "v", "state"], got, ref):
+    ref = _grads(rule, "naive", inputs, alpha, upstream)
+    got = _grads(rule, impl, inputs, alpha, upstream, chunk=chunk)
+    names = ["q", "k", "v", *SCALARS[rule], "state"]
+    assert len(got) == len(names)
+    for name, a, b in zip(names, got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m, n=name: f"grad {n}: {m}")
 
 
@@ -44,7 +49,7 @@ def test_sum_rule_matches_quadratic_oracle(make_inputs, T):
     torch.testing.assert_close(fast_weight_sum(q, k, v, state)[0], oracle, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("split", [1, 13, 64, 99])
 def test_split_and_resume_equals_one_call(make_inputs, rule, split):
     q, k, v, beta, state = make_inputs(T=100)
@@ -67,7 +72,7 @@ def test_no_final_state_unless_asked_and_zero_initial_state(make_inputs, rule):
     torch.testing.assert_close(o, fn(q, k, v, beta, initial_state=zero)[0])
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
 def test_low_precision_inputs_give_float32_results(make_inputs, rule, dtype, tol):
     ref_in = make_inputs(T=70)
@@ -86,7 +91,7 @@ def test_mixed_dtypes_promote(make_inputs):
     torch.testing.assert_close(o.double(), naive_delta(q, k, v, beta, state)[0], rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 def test_non_contiguous_inputs(make_inputs, rule):
     q, k, v, beta, state = make_inputs(T=21)
     # the same values seen through a time-first layout: [T, B, H, D] -> permuted views [B, H, T, D]
@@ -99,7 +104,7 @@ def test_non_contiguous_inputs(make_inputs, rule):
     torch.testing.assert_close(s, s_ref, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 def test_autograd_keeps_states_per_chunk_not_per_step(make_inputs, rule):
     B, H, T, E, M = 1, 1, 256, 64, 64  # per-step states would dwarf inputs, scores and chunk states
     inputs = make_inputs(B, H, T, E, M, requires_grad=True)

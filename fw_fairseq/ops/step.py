@@ -1,0 +1,47 @@
+"""The T = 1 forms of the causal rules (a decoding step): one outer-product update and one read,
+without the chunk machinery's small-op overhead. Same functions as the chunked forms at T = 1
+(tests/ops/test_ops_step.py checks them against naive.py, outputs, states and gradients).
+
+q, k [B, H, 1, E]; v [B, H, 1, M]; beta, alpha [B, H, 1]; state [B, H, E, M] or None (zero).
+Computed and returned in guards.state_dtype (float32 for fp16/bf16 inputs).
+"""
+import torch
+
+from .guards import state_dtype
+
+
+def _add_outer(S0, k, u):
+    """S0 + k^T u over [B, H] in one fused baddbmm (no temporary [B, H, E, M] outer product).
+
+    S0 [B, H, E, M] or None; k [B, H, 1, E]; u [B, H, 1, M] -> [B, H, E, M]."""
+    (B, H, _, E), M = k.shape, u.shape[-1]
+    kt, ut = k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, M)  # [BH, E, 1], [BH, 1, M]
+    if S0 is None:
+        return (kt @ ut).view(B, H, E, M)
+    return torch.baddbmm(S0.reshape(B * H, E, M), kt, ut).view(B, H, E, M)
+
+
+def _cast(dtype, initial_state, *tensors):
+    return [x.to(dtype) for x in tensors] + [None if initial_state is None else initial_state.to(dtype)]
+
+
+def step_sum(q, k, v, initial_state=None, output_final_state=False):
+    """S + k^T v, o = q S."""
+    q, k, v, S0 = _cast(state_dtype(q.dtype), initial_state, q, k, v)
+    S = _add_outer(S0, k, v)  # [B, H, E, M]
+    return q @ S, (S if output_final_state else None)
+
+
+def step_delta(q, k, v, beta, initial_state=None, output_final_state=False):
+    """u = beta (v - k S), S + k^T u, o = q S."""
+    return step_gated_delta(q, k, v, beta, None, initial_state, output_final_state)
+
+
+def step_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_state=False):
+    """S' = alpha S (alpha None: 1), u = beta (v - k S'), S' + k^T u, o = q S'."""
+    q, k, v, beta, S0 = _cast(state_dtype(q.dtype), initial_state, q, k, v, beta)
+    if S0 is not None and alpha is not None:
+        S0 = alpha.to(S0.dtype)[..., None] * S0  # [B, H, 1, 1] * [B, H, E, M]
+    u = v if S0 is None else v - k @ S0  # [B, H, 1, M]: v - W_{t-1}^T k
+    S = _add_outer(S0, k, beta[..., None] * u)  # [B, H, E, M]
+    return q @ S, (S if output_final_state else None)
