@@ -266,7 +266,17 @@ def main():
         args.budget_ms = min(args.budget_ms, 100.0)
     device = torch.cuda.get_device_name()
     timer = Timer(args.budget_ms, max_reps=10 if args.quick else 30)
-    training, decoding = [], []
+    slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
+    out = args.out or RESULTS / f"bench_gpu_{slug}{'_quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    versions = {name: version(name) for name in ("fla", "fast_transformers", "triton")}
+    training, decoding, bandwidth = [], [], None
+
+    def save():  # after every record: a run stopped by a time limit keeps what it measured
+        out.write_text(json.dumps({"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
+                                   "versions": versions, "copy_GBps": bandwidth, "args": vars(args) | {"out": str(out)},
+                                   "training": training, "decoding": decoding}, indent=1))
+
     for dtype in args.dtype:
         for N in args.N:
             for T in args.T:
@@ -277,20 +287,14 @@ def main():
                         for method in METHODS[rule]:
                             training.append(bench_training(timer, rule, method, N, T, E, DTYPES[dtype]))
                             print(json.dumps(training[-1]), flush=True)
+                            save()
     bandwidth = copy_bandwidth(timer)
     for N in args.decode_N:
         for E in args.E:
             for rule in ("sum", "delta"):
                 for impl in ("ours", "eager"):
                     decoding.append(bench_step(timer, rule, impl, N, E, D + 1, torch.float32, bandwidth))
-
-    slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
-    out = args.out or RESULTS / f"bench_gpu_{slug}{'_quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    versions = {name: version(name) for name in ("fla", "fast_transformers", "triton")}
-    out.write_text(json.dumps({"device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
-                               "versions": versions, "copy_GBps": bandwidth, "args": vars(args) | {"out": str(out)},
-                               "training": training, "decoding": decoding}, indent=1))
+                    save()
     for dtype in args.dtype:
         for rule in ("sum", "delta"):
             print(training_table(training, rule, dtype))

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,10 +44,10 @@ STEPS = [
     Step("install_kit", ("kernels", "fairseq"), 120, 20, "the kit's wheels into .gpu_site/ (pip --no-index --target)"),
     Step("build_fairseq", ("fairseq",), 300, 60, "fairseq-fixed from its sdist against the node's torch"),
     Step("build_extension", ("kernels", "fairseq"), 300, 60, "fw_fairseq._cuda for this GPU (setup.py build_ext)"),
-    Step("build_fast_transformers", ("kernels",), 180, 40, "fast-transformers' causal_product from its sdist"),
-    Step("memcheck", ("kernels",), 180, 30, "compute-sanitizer --tool memcheck over every kernel, small shapes"),
-    Step("racecheck", ("kernels",), 180, 30, "compute-sanitizer --tool racecheck over every kernel, small shapes"),
     Step("pytest_cuda", ("kernels",), 240, 30, "python -m pytest tests/cuda"),
+    Step("memcheck", ("kernels",), 150, 30, "compute-sanitizer --tool memcheck over every kernel, small shapes"),
+    Step("racecheck", ("kernels",), 150, 30, "compute-sanitizer --tool racecheck over every kernel, small shapes"),
+    Step("build_fast_transformers", ("kernels",), 180, 40, "fast-transformers' causal_product from its sdist"),
     Step("bench_ops", ("kernels",), 300, 60, "benchmarks/bench_gpu.py --quick"),
     Step("bench_fairseq", ("fairseq",), 420, 90, "benchmarks/bench_fairseq_gpu.py: train and generate timing"),
 ]
@@ -73,6 +74,9 @@ class Check:
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.site), str(REPO)]),
                         PATH=os.pathsep.join([str(self.site / "bin"), os.environ.get("PATH", "")]),
                         PYTHONUNBUFFERED="1")
+        cuda_home = find_cuda_home()
+        if cuda_home:
+            self.env["CUDA_HOME"] = cuda_home
 
     def commands(self):
         """{step name: argv} for this machine; also what --dry-run prints."""
@@ -82,19 +86,22 @@ class Check:
         [fairseq] = sorted(kit.glob("fairseq_fixed-*.tar.gz")) or [kit / "fairseq_fixed-<missing>.tar.gz"]
         [peer] = sorted(kit.glob("pytorch-fast-transformers-*.tar.gz")) or [kit / "pytorch-fast-transformers-<missing>"]
         sanitize = [py, str(REPO / "benchmarks" / "gpu_sanitize_cases.py")]
+        cuda_bin = Path(self.env.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
+        sanitizer = shutil.which("compute-sanitizer") or (str(cuda_bin) if cuda_bin.exists() else "compute-sanitizer")
         return {
             "environment": [py, str(REPO / "scripts" / "gpu_check.py"), "--environment-only", "--out", str(out)],
             "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                             "--upgrade", "--target", str(site), *wheels],
-            # --no-build-isolation: build against the node's torch, numpy and cython (nothing can be
-            # fetched there); CUDA_HOME unset so fairseq skips its CUDA extensions, which we never use
-            "build_fairseq": ["env", "-u", "CUDA_HOME", f"MAX_JOBS={jobs}", py, "-m", "pip", "install", "-q",
-                              "--no-index", "--no-deps", "--no-build-isolation", "--target", str(site / "fairseq-build"),
-                              str(fairseq)],
+            # built in place in its unpacked source (fairseq runs from a source tree), against the node's
+            # torch, numpy and cython; `-j` compiles its six extensions at once (pip builds them one by
+            # one: 5 minutes on 2 cores); CUDA_HOME unset so fairseq skips its CUDA extensions
+            "build_fairseq": ["bash", "-c", 'rm -rf "$1" && mkdir -p "$1" && tar xzf "$2" -C "$1" --strip-components 1 '
+                              '&& cd "$1" && env -u CUDA_HOME "$3" setup.py -q build_ext --inplace -j "$4"',
+                              "build_fairseq", str(site / "fairseq-src"), str(fairseq), py, jobs],
             "build_extension": ["env", f"MAX_JOBS={jobs}", py, "setup.py", "-q", "build_ext", "--inplace"],
             "build_fast_transformers": [py, str(REPO / "scripts" / "gpu_build_peer.py"), str(peer), str(site)],
-            "memcheck": ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", *sanitize],
-            "racecheck": ["compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
+            "memcheck": [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", *sanitize],
+            "racecheck": [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
             "pytest_cuda": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"],
             "bench_ops": [py, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick", "--out", str(out / "bench_gpu.json")],
             "bench_fairseq": [py, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out",
@@ -115,8 +122,7 @@ class Check:
         commands, stamps = self.commands(), self.stamps()
         self.out.mkdir(parents=True, exist_ok=True)
         if "build_fairseq" in [s.name for s in steps]:
-            self.env["PYTHONPATH"] = os.pathsep.join([str(self.site / "fairseq-build"), self.env["PYTHONPATH"]])
-            self.env["PATH"] = os.pathsep.join([str(self.site / "fairseq-build" / "bin"), self.env["PATH"]])
+            self.env["PYTHONPATH"] = os.pathsep.join([str(self.site / "fairseq-src"), self.env["PYTHONPATH"]])
         for step in steps:
             left = self.deadline - time.monotonic()
             entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name])}
@@ -160,6 +166,19 @@ class Check:
         (self.out / "check.json").write_text(json.dumps(self.record, indent=1) + "\n")
 
 
+def find_cuda_home():
+    """CUDA_HOME as given, else the toolkit that holds cuda_runtime.h: torch's build takes the folder above
+    `which nvcc`, which is wrong where nvcc on the PATH is a wrapper script (/usr/local/bin/nvcc)."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(os.path.realpath(nvcc)).parents[1]] if nvcc else []
+    for home in [*candidates, Path("/usr/local/cuda")]:
+        if (home / "include" / "cuda_runtime.h").exists():
+            return str(home)
+    return None
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -201,6 +220,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, default=REPO / "gpu_check_out", help="where the results go")
     parser.add_argument("--budget-s", type=float, help="seconds for the whole run (default: 540 per part, "
                         "1200 for all)")
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], metavar="STEP",
+                        help="run only these steps of the part (stamped builds are still reused)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
     parser.add_argument("--environment-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -215,8 +236,8 @@ def parse_args(argv=None):
     return args
 
 
-def plan(part):
-    return [s for s in STEPS if part == "all" or part in s.parts]
+def plan(part, only=None):
+    return [s for s in STEPS if (part == "all" or part in s.parts) and (not only or s.name in only)]
 
 
 def main(argv=None):
@@ -224,7 +245,7 @@ def main(argv=None):
     if args.environment_only:
         return environment(args.out)
     check = Check(args)
-    steps = plan(args.part)
+    steps = plan(args.part, args.only)
     if args.dry_run:
         commands = check.commands()
         for s in steps:

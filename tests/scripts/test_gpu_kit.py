@@ -47,8 +47,8 @@ def gpu_check(*args):
 
 
 @pytest.mark.parametrize("part, steps", [
-    ("kernels", ["environment", "install_kit", "build_extension", "build_fast_transformers", "memcheck",
-                 "racecheck", "pytest_cuda", "bench_ops"]),
+    ("kernels", ["environment", "install_kit", "build_extension", "pytest_cuda", "memcheck", "racecheck",
+                 "build_fast_transformers", "bench_ops"]),
     ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "bench_fairseq"]),
 ])
 def test_the_dry_run_plans_each_part(part, steps):
@@ -103,3 +103,20 @@ def test_the_summary_renders_a_recorded_run(tmp_path):
     assert "worst 1.25x the floor over 1 shapes | met |" in text
     assert "| transformer_fw_small dpfp2_delta --fp16: train words/s >= 1.0x softmax |" in text
     assert "| softmax | " in text and "generate N=4" in text
+
+
+def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
+    """benchmarks/bench_fairseq_gpu.py through the real fairseq CLIs on tiny settings: the same code the
+    GPU check runs, so a fairseq or plugin change that breaks it fails here first."""
+    out = tmp_path / "bench_fairseq.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
+                           "dpfp2_sum", "--updates", "2", "--log-interval", "1", "--lengths", "4", "--sentences", "2",
+                           "--train-sentences", "100", "--max-tokens", "512"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["not_run"] == []
+    fw = result["configs"]["dpfp2_sum"]
+    assert fw["train"]["updates"] == 2 and fw["train"]["wps_median"] > 0
+    assert [g["length"] for g in fw["generate"]] == [4] and fw["generate"][0]["tokens"] == 2 * 5  # N + eos each
+    assert fw["vs_softmax"]["train_wps"] > 0 and fw["vs_softmax"]["generate_tokens_per_s"]["4"] > 0
