@@ -6,11 +6,13 @@
 
 Floating-point tensors are averaged (in float64, stored back in their own dtype). As in
 fairseq's script, the first input (with -n: the newest epoch) is the base: integer tensors
-(counters) and the FAVOR+ random projections are copied from it rather than averaged, the
-projections because they are redrawn at every training step, so that their average is a
-matrix no layer was ever trained with (--keep-newest sets the pattern). Its cfg and args
-stay so that fairseq-generate can load the result; its optimizer state is dropped, since
-it belongs to none of the averaged models.
+(counters, the record of the --fw-* settings) and the FAVOR+ random projections are copied
+from it rather than averaged, the projections because they are redrawn at every training
+step, so that their average is a matrix no layer was ever trained with (--keep-newest sets
+the pattern). Its cfg and args stay so that fairseq-generate can load the result; its
+optimizer state is dropped, since it belongs to none of the averaged models. Checkpoints
+whose attention differs (--fw-feature-map, --fw-dpfp-nu, ...) are refused: their parameters
+may have the same shapes, but the average fits neither attention.
 """
 import argparse
 import re
@@ -18,6 +20,9 @@ import sys
 from pathlib import Path
 
 import torch
+
+from fw_fairseq.models.checkpoints import NOT_AVERAGED, RECORD, decode
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 
 _EPOCH_CKPT = re.compile(r"checkpoint(\d+)\.pt")
 
@@ -40,14 +45,36 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def average(paths, keep_newest=r"(^|\.)favor\.projection$"):
+def attention_settings(state):
+    """The --fw-* flags that decide what a checkpoint's attention computes (None: not one of the
+    plugin's models); from its record, or from its args if it predates the record."""
+    if RECORD in state["model"]:
+        return decode(state["model"][RECORD])
+    args = (state.get("cfg") or {}).get("model") or state.get("args")
+    if getattr(args, "fw_feature_map", None) is None:
+        return None
+    return FastWeightConfig.from_args(args).settings()
+
+
+def check_same_attention(path, state, base_path, base):
+    found = attention_settings(state)
+    flags = [flag for flag in base or {} if flag in (found or {}) and found[flag] != base[flag]]
+    if flags:
+        raise ValueError(f"{path} was trained with {' '.join(f'{f} {found[f]}' for f in flags)}, "
+                         f"{base_path} with {' '.join(f'{f} {base[f]}' for f in flags)}")
+
+
+def average(paths, keep_newest=NOT_AVERAGED.pattern):
     """Average the "model" state dicts of `paths`; return the first state holding the average."""
     keep = re.compile(keep_newest)
     newest = load(paths[0])
     model = newest["model"]
+    settings = attention_settings(newest)
     sums = {k: v.to(torch.float64) for k, v in model.items() if v.is_floating_point() and not keep.search(k)}
     for path in paths[1:]:
-        other = load(path)["model"]
+        state = load(path)
+        check_same_attention(path, state, paths[0], settings)
+        other = state["model"]
         if other.keys() != model.keys():
             raise ValueError(f"{path} has different parameters from {paths[0]}")
         for k in sums:
@@ -66,7 +93,7 @@ def main(argv=None):
     p.add_argument("--output", required=True)
     p.add_argument("-n", "--num-epoch-checkpoints", type=int, help="average the last N checkpoint<epoch>.pt")
     p.add_argument("--checkpoint-upper-bound", type=int, help="ignore epochs after this one")
-    p.add_argument("--keep-newest", default=r"(^|\.)favor\.projection$",
+    p.add_argument("--keep-newest", default=NOT_AVERAGED.pattern,
                    help="regex of parameter names copied from the first input, not averaged")
     args = p.parse_args(argv)
 

@@ -12,8 +12,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
                                                TransformerEncoderLayerBase)
 
+from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
+                                                   check_attention_shapes,
                                                    set_fast_weight_defaults)
 
 
@@ -74,7 +76,7 @@ class FastWeightTransformerDecoder(TransformerDecoder):
 
 
 @register_model("transformer_fw")
-class FastWeightTransformerModel(TransformerModel):
+class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
     """Transformer whose attention layers are fast weight programmers (Schlag et al., 2021)."""
 
     @classmethod
@@ -85,8 +87,10 @@ class FastWeightTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         transformer_fw(args)  # fill options missing from older checkpoints
-        FastWeightConfig.from_args(args)  # reject bad values before any layer is built
-        return super().build_model(args, task)
+        config = FastWeightConfig.from_args(args)  # reject bad values before any layer is built
+        model = super().build_model(args, task)
+        model.record_fast_weight_settings(config)
+        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -103,11 +107,22 @@ class FastWeightTransformerModel(TransformerModel):
         self.decoder.set_beam_size(beam_size)
 
 
+def check_shapes(args):
+    """Architectures run while fairseq parses the arguments: shape errors stop there."""
+    encoder = ((args.encoder_embed_dim, "--encoder-embed-dim"),
+               (args.encoder_attention_heads, "--encoder-attention-heads"))
+    decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
+               (args.decoder_attention_heads, "--decoder-attention-heads"))
+    # cross-attention's heads split the decoder's dim (the source is projected to it)
+    check_attention_shapes(args, {"encoder": encoder, "decoder": decoder, "cross": decoder})
+
+
 @register_model_architecture("transformer_fw", "transformer_fw")
 def transformer_fw(args):
     """Transformer base (512 dim, 8 heads: d_key = 64) with fast weights everywhere."""
     set_fast_weight_defaults(args)
     base_architecture(args)
+    check_shapes(args)
 
 
 @register_model_architecture("transformer_fw", "transformer_fw_big")
@@ -115,6 +130,7 @@ def transformer_fw_big(args):
     """The paper's MT model: Vaswani et al.'s big Transformer (1024 dim, 16 heads: d_key = 64)."""
     set_fast_weight_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
+    check_shapes(args)
 
 
 @register_model_architecture("transformer_fw", "transformer_fw_small")

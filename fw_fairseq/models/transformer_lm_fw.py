@@ -21,8 +21,10 @@ from fairseq.models.transformer_lm import (DEFAULT_MAX_TARGET_POSITIONS, Transfo
                                            TransformerLanguageModelConfig, base_lm_architecture)
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 
+from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.models.transformer_fw import FastWeightTransformerDecoder
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
+                                                   check_attention_shapes,
                                                    set_fast_weight_defaults)
 
 
@@ -81,7 +83,7 @@ class FastWeightLMDecoder(FastWeightTransformerDecoder):
 
 
 @register_model("transformer_lm_fw")
-class FastWeightTransformerLanguageModel(TransformerLanguageModel):
+class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerLanguageModel):
     """Decoder-only Transformer whose self-attention layers are fast weight programmers."""
 
     carries_fw_state = True  # the fw_lm_stream task checks this before passing fw_state
@@ -96,7 +98,7 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         transformer_lm_fw(args)  # fill options missing from older checkpoints
-        FastWeightConfig.from_args(args)  # reject bad values before any layer is built
+        config = FastWeightConfig.from_args(args)  # reject bad values before any layer is built
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -105,7 +107,9 @@ class FastWeightTransformerLanguageModel(TransformerLanguageModel):
         embed_tokens = cls.build_embed_tokens(args, task)
         decoder = FastWeightLMDecoder(args, task.target_dictionary, embed_tokens,
                                       no_encoder_attn=True)
-        return cls(decoder)
+        model = cls(decoder)
+        model.record_fast_weight_settings(config)
+        return model
 
     @classmethod
     def build_embed_tokens(cls, args, task):
@@ -144,6 +148,10 @@ def transformer_lm_fw(args):
     """fairseq's transformer_lm (6 layers, 512 dim, 8 heads: d_key 64) + DPFP-2 delta rule."""
     set_fast_weight_defaults(args, feature_map="dpfp", update_rule="delta", places="decoder")
     base_lm_architecture(args)
+    # architectures run while fairseq parses the arguments: shape errors stop there
+    decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
+               (args.decoder_attention_heads, "--decoder-attention-heads"))
+    check_attention_shapes(args, {"decoder": decoder})
 
 
 @register_model_architecture("transformer_lm_fw", "transformer_lm_fw_wt103_small")

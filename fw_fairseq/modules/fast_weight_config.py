@@ -1,7 +1,9 @@
 """The fast-weight options of one model, parsed and validated once from fairseq's args."""
 import argparse
+import os
+import sys
 from dataclasses import dataclass
-from typing import FrozenSet
+from typing import Dict, FrozenSet, Tuple
 
 FEATURE_MAPS = ("elu", "dpfp", "favor")
 UPDATE_RULES = ("sum", "delta")
@@ -33,6 +35,12 @@ def parse_places(text: str) -> str:
 def places_set(text: str) -> FrozenSet[str]:
     canonical = parse_places(text)
     return frozenset() if canonical == "none" else frozenset(canonical.split(","))
+
+
+def cli_error(message: str) -> SystemExit:
+    """argparse's one-line exit ("fairseq-train: error: ..."), for what can be judged only once
+    several flags, or a checkpoint, are known. Raise the result."""
+    return SystemExit(f"{os.path.basename(sys.argv[0])}: error: {message}")
 
 
 def positive_int(flag: str):
@@ -81,6 +89,26 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
         args.fw_attention = parse_places(places)
 
 
+# An attention block's size flags: (model dim, its flag), (heads, its flag).
+BlockShape = Tuple[Tuple[int, str], Tuple[int, str]]
+
+
+def check_attention_shapes(args, blocks: Dict[str, BlockShape]):
+    """Reject, as argument errors, heads that do not divide the model dim and a DPFP nu beyond
+    2*d_key-1 of a fast-weight block. `blocks` maps encoder/decoder/cross to their shape flags;
+    architecture functions call this, so fairseq runs it while it parses the arguments."""
+    places = places_set(args.fw_attention)
+    for place, ((dim, dim_flag), (heads, heads_flag)) in blocks.items():
+        if heads < 1 or dim % heads:
+            raise cli_error(f"argument {heads_flag}: {heads} heads do not divide {dim_flag} "
+                            f"{dim}; allowed: a divisor of {dim}")
+        max_nu = 2 * (dim // heads) - 1
+        if place in places and args.fw_feature_map == "dpfp" and int(args.fw_dpfp_nu) > max_nu:
+            raise cli_error(f"argument --fw-dpfp-nu: {args.fw_dpfp_nu} is too large for {place} "
+                            f"attention (d_key = {dim_flag} {dim} / {heads_flag} {heads} = "
+                            f"{dim // heads}); allowed: 1..{max_nu} (2*d_key-1)")
+
+
 @dataclass(frozen=True)
 class FastWeightConfig:
     feature_map: str
@@ -104,3 +132,16 @@ class FastWeightConfig:
 
     def uses(self, place: str) -> bool:
         return place in self.places
+
+    def settings(self) -> Dict[str, str]:
+        """What the attention computes, as the flags that set it: the weights of a checkpoint
+        fit only these. Flags that do not apply (--fw-dpfp-nu under elu) are left out."""
+        out = {"--fw-attention": ",".join(p for p in PLACES if p in self.places) or "none"}
+        if self.places:
+            out["--fw-feature-map"] = self.feature_map
+            out["--fw-update-rule"] = self.update_rule
+            if self.feature_map == "dpfp":
+                out["--fw-dpfp-nu"] = str(self.dpfp_nu)
+            if self.feature_map == "favor":
+                out["--fw-favor-features"] = str(self.favor_features)
+        return out

@@ -18,10 +18,12 @@ from fairseq import utils
 from fairseq.data import (AppendTokenDataset, FairseqDataset, IdDataset, ListDataset,
                           NestedDictionaryDataset, NumelDataset, PadDataset, PrependTokenDataset,
                           StripTokenDataset, data_utils, iterators)
+from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from fw_fairseq.models.transformer_lm_fw import CarriedState
+from fw_fairseq.modules.fast_weight_config import cli_error
 
 
 class TokenStream(FairseqDataset):
@@ -121,11 +123,19 @@ class StreamLanguageModelingTask(LanguageModelingTask):
         self.datasets[split] = TokenStream(split, lines)
 
     def build_model(self, args, from_checkpoint=False):
-        model = super().build_model(args, from_checkpoint)
-        if self.args.fw_carry_state and not getattr(model, "carries_fw_state", False):
-            raise ValueError(f"--fw-carry-state: model {type(model).__name__} has no fast-weight "
-                             f"state to carry (use --arch transformer_lm_fw*)")
-        return model
+        """Refuses, as argument errors and before anything is built, what cannot carry a state."""
+        if self.args.fw_carry_state:
+            arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+            if not getattr(ARCH_MODEL_REGISTRY.get(arch), "carries_fw_state", False):
+                raise cli_error(f"argument --fw-carry-state: --arch {arch} has no "
+                                f"fast-weight state to carry; allowed: --arch transformer_lm_fw*")
+            # fairseq-train builds from the arguments; evaluation from a checkpoint, where
+            # FAVOR+'s features are fixed and a carried state stays in one feature space
+            if not from_checkpoint and args.fw_feature_map == "favor":
+                raise cli_error("argument --fw-carry-state: FAVOR+ redraws its random features at "
+                                "every training step, so a carried state would mix feature "
+                                "spaces; allowed in training with --fw-feature-map elu or dpfp")
+        return super().build_model(args, from_checkpoint)
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1,

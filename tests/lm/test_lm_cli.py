@@ -31,11 +31,13 @@ MODELS = {
 }
 
 
-def run(tool, *args, stdin=None):
+def run(tool, *args, stdin=None, check=True):
     result = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
                             input=stdin, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result.stdout + result.stderr
+    if check:
+        assert result.returncode == 0, \
+            f"{tool} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout + result.stderr if check else result
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,17 @@ def test_eval_lm_with_the_carried_state(data_bin, checkpoints):
                               run("fairseq-eval-lm", *common, "--fw-carry-state")).group(1))
     truncated = float(re.search(r"Perplexity: ([0-9.]+)", run("fairseq-eval-lm", *common)).group(1))
     assert 1 < carried < 40 and carried != truncated
+
+
+@pytest.mark.parametrize("arch,flags,refusal", [
+    ("transformer_lm_fw_tiny", ["--fw-feature-map", "favor", "--no-token-positional-embeddings"],
+     "argument --fw-carry-state: FAVOR+ redraws its random features at every training step"),
+    ("feedback_transformer_lm_tiny", [],
+     "argument --fw-carry-state: --arch feedback_transformer_lm_tiny has no fast-weight state"),
+])
+def test_carried_state_refusals_stop_before_training(data_bin, tmp_path, arch, flags, refusal):
+    result = run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "fw_lm_stream",
+                 "--fw-carry-state", "--arch", arch, *flags,
+                 *SHAPE, *TRAIN, "--save-dir", tmp_path, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"fairseq-train: error: {refusal}")

@@ -71,3 +71,11 @@ def test_carry_state_refuses_absolute_positions_and_favor_training():
                         SMALL + fw("favor", "sum") + ["--no-token-positional-embeddings"])
     with pytest.raises(ValueError, match="favor"):
         model.train()(tokens, fw_state=CarriedState())
+
+
+def test_language_model_refuses_a_state_dict_of_other_settings():
+    trained, _ = build_lm("transformer_lm_fw_tiny", ["--fw-update-rule", "sum"])
+    model, _ = build_lm("transformer_lm_fw_tiny")  # the architecture's delta rule
+    with pytest.raises(SystemExit, match=r"error: the checkpoint was trained with "
+                                         r"--fw-update-rule sum, not delta \(its weights"):
+        model.load_state_dict(trained.state_dict())

@@ -1,4 +1,6 @@
 """Padding, option validation, FAVOR+ buffers and mixed precision of transformer_fw."""
+import re
+
 import pytest
 import torch
 
@@ -49,10 +51,20 @@ def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     assert flag in err and allowed in err
 
 
-def test_dpfp_nu_beyond_head_dim_names_the_flag():
-    # d_key = 16 here, so nu may be at most 31.
-    with pytest.raises(ValueError, match=r"--fw-dpfp-nu got 32; allowed: 1\.\.31"):
-        build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "32"])
+@pytest.mark.parametrize("extra,message", [
+    # d_key = 32 / 2 = 16 here, so nu may be at most 31
+    (["--fw-dpfp-nu", "32"], "error: argument --fw-dpfp-nu: 32 is too large for encoder attention "
+     "(d_key = --encoder-embed-dim 32 / --encoder-attention-heads 2 = 16); allowed: 1..31"),
+    (["--fw-dpfp-nu", "32", "--fw-attention", "cross", "--encoder-embed-dim", "64"],
+     "error: argument --fw-dpfp-nu: 32 is too large for cross attention (d_key = "
+     "--decoder-embed-dim 32 / --decoder-attention-heads 2 = 16); allowed: 1..31"),
+    (["--decoder-attention-heads", "3"], "error: argument --decoder-attention-heads: 3 heads do "
+     "not divide --decoder-embed-dim 32; allowed: a divisor of 32"),
+])
+def test_shape_errors_stop_at_parsing(extra, message):
+    """fairseq runs the architecture while parsing: these exit there, in argparse's format."""
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        parse_model_args(["--fw-feature-map", "dpfp"] + extra)
 
 
 def test_fw_attention_none_is_the_standard_transformer():
@@ -107,5 +119,6 @@ def test_bf16_autocast_keeps_state_in_fp32_and_finite(feature_map):
         logits, _ = model(src, torch.full((2,), 6), prev)
         model.decoder(prev[:, :1], encoder_out=encoder_out, incremental_state=state)
     assert torch.isfinite(logits).all()
-    cached = [v for buf in state.values() for v in buf.values() if torch.is_tensor(v)]
+    # the states (not the memory's hypothesis -> row index)
+    cached = [v for buf in state.values() for v in buf.values() if v.is_floating_point()]
     assert cached and all(v.dtype == torch.float32 for v in cached)

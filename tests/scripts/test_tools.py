@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import average_checkpoints
+from fw_fairseq.models.checkpoints import RECORD, encode
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 import table1
 import wmt_score
 import wmt_text
@@ -52,6 +54,31 @@ def test_average_checkpoints_refuses_mismatched_models(tmp_path):
     with pytest.raises(ValueError, match="1 epoch checkpoints, 2 requested"):
         _checkpoint(tmp_path / "checkpoint7.pt", 7)
         average_checkpoints.epoch_checkpoints(tmp_path, 2)
+
+
+def _trained_like(path, feature_map, record=True):
+    """A checkpoint as fairseq-train writes it for transformer_fw: its args in cfg.model and, in
+    the state dict, the record of its attention settings (absent before the record existed)."""
+    args = argparse.Namespace(arch="transformer_fw_small", fw_attention="encoder,decoder,cross",
+                              fw_feature_map=feature_map, fw_update_rule="sum", fw_dpfp_nu=1,
+                              fw_favor_features=16)
+    model = {"encoder.fc.weight": torch.ones(2, 3)}
+    if record:
+        model[RECORD] = encode(FastWeightConfig.from_args(args).settings())
+    torch.save({"model": model, "cfg": {"model": args}, "args": None}, path)
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_average_checkpoints_refuses_other_attention_settings(tmp_path, record):
+    _trained_like(tmp_path / "dpfp.pt", "dpfp", record)
+    _trained_like(tmp_path / "elu.pt", "elu", record)
+    result = subprocess.run([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs",
+                             tmp_path / "dpfp.pt", tmp_path / "elu.pt", "--output",
+                             tmp_path / "avg.pt"], capture_output=True, text=True)
+    assert result.returncode != 0 and not (tmp_path / "avg.pt").exists()
+    assert result.stderr.strip().splitlines()[-1] == (f"average_checkpoints: {tmp_path / 'elu.pt'} was trained "
+                                     f"with --fw-feature-map elu, {tmp_path / 'dpfp.pt'} with "
+                                     f"--fw-feature-map dpfp")
 
 
 def test_compound_split_like_the_published_script():
