@@ -43,6 +43,7 @@ struct ColArgs {
   const scalar_t* k;      // [BH, T, P]
   const scalar_t* v;      // [BH, T, Q]
   const scalar_t* beta;   // [BH, T], delta modes only
+  const scalar_t* alpha;  // [BH, T], gated modes only
   const acc_t* state_in;  // [BH, P, Q] or null for zeros
   acc_t* state_out;       // [BH, P, Q] or null
   acc_t* out;             // [BH, T, Q] or null; in acc_t: the sum rule's outputs grow like t P
@@ -54,7 +55,7 @@ struct ColArgs {
 // One time step's inputs as seen by one lane, converted to acc_t.
 template <typename acc_t, int R, int C>
 struct ColStep {
-  acc_t q[R], k[R], v[C], beta;
+  acc_t q[R], k[R], v[C], beta, alpha;
 };
 
 template <typename scalar_t, typename acc_t, typename Tier, ColMode MODE>
@@ -70,6 +71,8 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
   const scalar_t* __restrict__ k = a.k + bh * T * P;
   const scalar_t* __restrict__ v = a.v + bh * T * Q;
   const scalar_t* __restrict__ beta = a.beta ? a.beta + bh * T : nullptr;
+  const scalar_t* __restrict__ alpha = a.alpha ? a.alpha + bh * T : nullptr;
+  constexpr bool kGated = is_gated(MODE);
 
   acc_t s[C][R];  // s[j][i] = state[sub + L i, col0 + j]
 #pragma unroll
@@ -94,6 +97,7 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
       in.v[j] = col0 + j < Q ? static_cast<acc_t>(v[int64_t(t) * Q + col0 + j]) : acc_t(0);
     }
     in.beta = MODE == ColMode::kSum ? acc_t(1) : static_cast<acc_t>(beta[t]);
+    in.alpha = kGated ? static_cast<acc_t>(alpha[t]) : acc_t(1);
   };
 
   ColStep<acc_t, R, C> cur, nxt;
@@ -116,9 +120,10 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
         }
       }
       group_allreduce<L>(out);
-    } else if constexpr (MODE == ColMode::kDelta) {
+    } else if constexpr (MODE == ColMode::kDelta || MODE == ColMode::kGatedDelta) {
       // k.s_old and q.s_old are reduced together, then q.s_new = q.s_old + (q.k) u: one butterfly
-      // round per step instead of two dependent ones.
+      // round per step instead of two dependent ones. The gate scales both sums (s = alpha s_old is
+      // never formed before the reduction).
       acc_t red[2 * C + 1];
       red[2 * C] = 0;
 #pragma unroll
@@ -136,13 +141,23 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
       group_allreduce<L>(red);
 #pragma unroll
       for (int j = 0; j < C; ++j) {
+        if constexpr (kGated) {
+          red[j] *= cur.alpha;
+          red[C + j] *= cur.alpha;
+        }
         const acc_t u = cur.beta * (cur.v[j] - red[j]);
 #pragma unroll
-        for (int i = 0; i < R; ++i) s[j][i] += cur.k[i] * u;
+        for (int i = 0; i < R; ++i) {
+          if constexpr (kGated) {
+            s[j][i] = cur.alpha * s[j][i] + cur.k[i] * u;
+          } else {
+            s[j][i] += cur.k[i] * u;
+          }
+        }
         out[j] = red[C + j] + red[2 * C] * u;
         aux[j] = red[j];
       }
-    } else {  // kDeltaGrad: s is column m of dL/dW_t, v is dL/do
+    } else {  // k(Gated)DeltaGrad: s is column m of dL/dW_t, v is dL/do
 #pragma unroll
       for (int j = 0; j < C; ++j) {
         aux[j] = 0;
@@ -157,7 +172,10 @@ __global__ void __launch_bounds__(kColWarps* kWarp) col_kernel(const ColArgs<sca
       for (int j = 0; j < C; ++j) {
         const acc_t bdu = cur.beta * aux[j];
 #pragma unroll
-        for (int i = 0; i < R; ++i) s[j][i] -= bdu * cur.k[i];
+        for (int i = 0; i < R; ++i) {
+          s[j][i] -= bdu * cur.k[i];
+          if constexpr (kGated) s[j][i] *= cur.alpha;
+        }
         out[j] = bdu;
       }
     }

@@ -5,7 +5,7 @@
 namespace fw {
 
 void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& beta, const at::Tensor& state_in, const at::Tensor& state_out,
+                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in, const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse) {
   const int64_t heads = q.size(0) * q.size(1);
   const int T = q.size(2), P = q.size(3), Q = v.size(3);
@@ -20,6 +20,7 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
                                           k.data_ptr<scalar_t>(),
                                           v.data_ptr<scalar_t>(),
                                           ptr_or_null<scalar_t>(beta),
+                                          ptr_or_null<scalar_t>(alpha),
                                           ptr_or_null<acc_t>(state_in),
                                           ptr_or_null<acc_t>(state_out),
                                           ptr_or_null<acc_t>(out),
@@ -35,6 +36,12 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
           break;
         case ColMode::kDeltaGrad:
           col_kernel<scalar_t, acc_t, Tier, ColMode::kDeltaGrad><<<grid, block, 0, stream>>>(args);
+          break;
+        case ColMode::kGatedDelta:
+          col_kernel<scalar_t, acc_t, Tier, ColMode::kGatedDelta><<<grid, block, 0, stream>>>(args);
+          break;
+        case ColMode::kGatedDeltaGrad:
+          col_kernel<scalar_t, acc_t, Tier, ColMode::kGatedDeltaGrad><<<grid, block, 0, stream>>>(args);
           break;
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();

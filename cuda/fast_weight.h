@@ -9,23 +9,25 @@
 
 namespace fw {
 
-// q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); state_in, state_out [B, H, P, Q];
-// out and aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
+// q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); alpha [B, H, T] (gated modes);
+// state_in, state_out [B, H, P, Q]; out and aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
 void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& beta, const at::Tensor& state_in, const at::Tensor& state_out,
+                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in, const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse);
 
-// The delta rule's dq, dk, dbeta from the rows of W (forward sweep) and of dL/dW (reverse sweep),
-// given vbar (kDelta's aux) and du (kDeltaGrad's aux), both [B, H, T, M] in acc_t.
-// dk_part [B, H, T, E] (acc_t) is scratch that carries -beta_t W_{t-1} du_t between the sweeps.
+// The (gated, if alpha is defined) delta rule's dq, dk, dbeta from the rows of W (forward sweep) and
+// of dL/dW (reverse sweep), given vbar (k(Gated)Delta's aux) and du (k(Gated)DeltaGrad's aux), both
+// [B, H, T, M] in acc_t. dk_part [B, H, T, E] (acc_t) is scratch that carries
+// -beta_t alpha_t W_{t-1} du_t between the sweeps.
 void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& beta, const at::Tensor& dout, const at::Tensor& vbar,
+                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout, const at::Tensor& vbar,
                             const at::Tensor& du, const at::Tensor& state0, const at::Tensor& dfinal,
                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
                             const at::Tensor& dk_part);
 
-// One decoding step (T = 1) that updates state [B, H, E, M] in place and writes o [B, H, 1, M] (acc_t).
+// One decoding step (T = 1) that updates state [B, H, E, M] in place and writes o [B, H, 1, M] (acc_t);
+// alpha [B, H, 1] (gated delta rule) or undefined.
 void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const at::Tensor& beta, const at::Tensor& state, const at::Tensor& o);
+                 const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state, const at::Tensor& o);
 
 }  // namespace fw

@@ -1,10 +1,11 @@
-// The row kernels of the delta rule's backward: dq, dk and dbeta.
+// The row kernels of the (gated) delta rule's backward: dq, dk and dbeta.
 //
-// dq_t = W_t do_t and dk_t = G_t u_t - beta_t W_{t-1} du_t (G_t = dL/dW_t, u_t = beta_t (v_t - vbar_t))
-// are sums over the state's columns. Once u_t and du_t are known (from the column kernels' kDelta
-// and kDeltaGrad passes), every row of W and of G evolves on its own:
-//   W_t[e, :] = W_{t-1}[e, :] + k_t[e] u_t
-//   G_{t-1}[e, :] = G_t[e, :] - beta_t k_t[e] du_t + q_{t-1}[e] do_{t-1}
+// dq_t = W_t do_t and dk_t = G_t u_t - beta_t alpha_t W_{t-1} du_t (G_t = dL/dW_t, u_t = beta_t (v_t - vbar_t),
+// alpha = 1 for the ungated rule) are sums over the state's columns. Once u_t and du_t are known
+// (from the column kernels' k(Gated)Delta and k(Gated)DeltaGrad passes), every row of W and of G
+// evolves on its own:
+//   W_t[e, :] = alpha_t W_{t-1}[e, :] + k_t[e] u_t
+//   G_{t-1}[e, :] = alpha_t (G_t[e, :] - beta_t k_t[e] du_t) + q_{t-1}[e] do_{t-1}
 // so the split here is over rows, again with no communication: a warp owns kRowsPerWarp rows, lane l
 // holds columns l, l + 32, ..., l + 32 (J - 1) of each. W needs a forward sweep and G a reverse one:
 // the forward sweep writes dq, dbeta and dk's W-part to acc_t scratch, the reverse sweep adds G_t u_t.
@@ -27,11 +28,12 @@ struct RowArgs {
   const scalar_t* k;     // [BH, T, E]
   const scalar_t* v;     // [BH, T, M]
   const scalar_t* beta;  // [BH, T]
+  const scalar_t* alpha; // [BH, T], GATED only
   const scalar_t* dout;  // [BH, T, M]
   const acc_t* vbar;     // [BH, T, M]
   const acc_t* du;       // [BH, T, M]
   const acc_t* state;    // [BH, E, M]: W_0 (forward sweep) or dL/dW_T (reverse sweep)
-  acc_t* dk_part;        // [BH, T, E]: -beta_t W_{t-1} du_t (forward sweep writes, reverse reads)
+  acc_t* dk_part;        // [BH, T, E]: -beta_t alpha_t W_{t-1} du_t (forward sweep writes, reverse reads)
   scalar_t* dq;          // [BH, T, E]
   scalar_t* dk;          // [BH, T, E]
   scalar_t* dbeta;       // [BH, T]
@@ -42,10 +44,10 @@ struct RowArgs {
 template <typename acc_t, int J>
 struct RowStep {
   acc_t dout[J], u[J], dv_bar[J], du[J];  // dv_bar = v - vbar
-  acc_t q[kRowsPerWarp], k[kRowsPerWarp], beta;
+  acc_t q[kRowsPerWarp], k[kRowsPerWarp], beta, alpha;
 };
 
-template <typename scalar_t, typename acc_t, int J, bool REVERSE>
+template <typename scalar_t, typename acc_t, int J, bool REVERSE, bool GATED>
 __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowArgs<scalar_t, acc_t> a) {
   const int lane = threadIdx.x % kWarp;
   const int row0 = ((blockIdx.x % a.row_blocks) * kRowWarps + threadIdx.x / kWarp) * kRowsPerWarp;
@@ -67,6 +69,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
   // Columns >= M and rows >= E load as zeros, so they add nothing to any sum or update.
   auto load = [&](int t, RowStep<acc_t, J>& in) {
     in.beta = static_cast<acc_t>(a.beta[bh * T + t]);
+    in.alpha = GATED ? static_cast<acc_t>(a.alpha[bh * T + t]) : acc_t(1);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int m = lane + kWarp * j;
@@ -103,7 +106,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
 #pragma unroll
         for (int j = 0; j < J; ++j) {
           red[r] += w[r][j] * cur.du[j];
-          w[r][j] += cur.k[r] * cur.u[j];
+          w[r][j] = GATED ? cur.alpha * w[r][j] + cur.k[r] * cur.u[j] : w[r][j] + cur.k[r] * cur.u[j];
           red[kRowsPerWarp + r] += w[r][j] * cur.dout[j];
         }
       }
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
       const int which = lane / kLanes, r = which % kRowsPerWarp;
       if (lane % kLanes == 0 && row0 + r < E) {
         if (which < kRowsPerWarp) {
-          a.dk_part[out_row + r] = -cur.beta * total;
+          a.dk_part[out_row + r] = -cur.beta * cur.alpha * total;
         } else {
           a.dq[out_row + r] = static_cast<scalar_t>(total);
         }
@@ -141,7 +144,10 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const acc_t bk = cur.beta * cur.k[r];
 #pragma unroll
-        for (int j = 0; j < J; ++j) w[r][j] -= bk * cur.du[j];
+        for (int j = 0; j < J; ++j) {
+          w[r][j] -= bk * cur.du[j];
+          if constexpr (GATED) w[r][j] *= cur.alpha;
+        }
       }
       constexpr int kLanes = kWarp / kRowsPerWarp;  // lanes that receive each total
       const int r = lane / kLanes;

@@ -1,11 +1,13 @@
-// Launcher of the delta rule's row kernels (row_kernel.cuh): dtype and register-tier dispatch.
+// Launcher of the (gated) delta rule's row kernels (row_kernel.cuh): dtype, register-tier and gate dispatch.
+#include <type_traits>
+
 #include "launch.cuh"
 #include "row_kernel.cuh"
 
 namespace fw {
 
 void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& beta, const at::Tensor& dout, const at::Tensor& vbar,
+                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout, const at::Tensor& vbar,
                             const at::Tensor& du, const at::Tensor& state0, const at::Tensor& dfinal,
                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
                             const at::Tensor& dk_part) {
@@ -21,6 +23,7 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
                                   k.data_ptr<scalar_t>(),
                                   v.data_ptr<scalar_t>(),
                                   beta.data_ptr<scalar_t>(),
+                                  ptr_or_null<scalar_t>(alpha),
                                   dout.data_ptr<scalar_t>(),
                                   vbar.data_ptr<acc_t>(),
                                   du.data_ptr<acc_t>(),
@@ -32,11 +35,19 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
                                   T, E, M, row_blocks};
     const bool launched = row_tier(M, [&](auto tier) {
       constexpr int J = decltype(tier)::J;
-      delta_rows_kernel<scalar_t, acc_t, J, false><<<grid, kRowWarps * kWarp, 0, stream>>>(args);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      args.state = ptr_or_null<acc_t>(dfinal);
-      delta_rows_kernel<scalar_t, acc_t, J, true><<<grid, kRowWarps * kWarp, 0, stream>>>(args);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const auto sweeps = [&](auto gated) {
+        constexpr bool kGated = decltype(gated)::value;
+        delta_rows_kernel<scalar_t, acc_t, J, false, kGated><<<grid, kRowWarps * kWarp, 0, stream>>>(args);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        args.state = ptr_or_null<acc_t>(dfinal);
+        delta_rows_kernel<scalar_t, acc_t, J, true, kGated><<<grid, kRowWarps * kWarp, 0, stream>>>(args);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      if (alpha.defined()) {
+        sweeps(std::true_type{});
+      } else {
+        sweeps(std::false_type{});
+      }
     });
     TORCH_CHECK(launched, "fw_fairseq._cuda: M = ", M, " exceeds the delta backward's limit 160");
   });

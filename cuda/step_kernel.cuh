@@ -6,7 +6,8 @@
 //
 // Sum rule: one pass, W += k v^T and o = W^T q together. Delta rule: a first pass reads vbar = W^T k
 // (the update needs it for every row), the second updates and reads; the second pass's reads of W
-// hit L2, the block having just read the same bytes.
+// hit L2, the block having just read the same bytes. The gated delta rule decays W by alpha in the
+// second pass (W = alpha W + k u) and reads vbar = alpha W^T k, never writing the decay separately.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,10 +30,13 @@ __device__ acc_t column_sum(acc_t x, acc_t* part, int g, int m, int groups, int 
   return total;
 }
 
-template <typename scalar_t, typename acc_t, bool DELTA>
+// GATED (only with DELTA): alpha [BH] is read.
+template <typename scalar_t, typename acc_t, bool DELTA, bool GATED>
 __global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                             const scalar_t* __restrict__ v, const scalar_t* __restrict__ beta,
-                            acc_t* __restrict__ state, acc_t* __restrict__ o, int E, int M, int groups) {
+                            const scalar_t* __restrict__ alpha, acc_t* __restrict__ state,
+                            acc_t* __restrict__ o, int E, int M, int groups) {
+  static_assert(DELTA || !GATED, "the gate belongs to the delta rule");
   extern __shared__ __align__(16) unsigned char smem_raw[];  // 16-byte aligned for double
   acc_t* qs = reinterpret_cast<acc_t*>(smem_raw);  // [E]
   acc_t* ks = qs + E;                                // [E]
@@ -47,17 +51,18 @@ __global__ void step_kernel(const scalar_t* __restrict__ q, const scalar_t* __re
 
   acc_t* W = state + bh * E * M + m;  // column m; row e at W[e * M]
   acc_t u = static_cast<acc_t>(v[bh * M + m]);
+  const acc_t decay = GATED ? static_cast<acc_t>(alpha[bh]) : acc_t(1);
   if constexpr (DELTA) {
     acc_t kw = 0;
 #pragma unroll 4
     for (int e = g; e < E; e += groups) kw += ks[e] * W[int64_t(e) * M];
-    const acc_t vbar = column_sum(kw, part, g, m, groups, M);
+    const acc_t vbar = decay * column_sum(kw, part, g, m, groups, M);
     u = static_cast<acc_t>(beta[bh]) * (u - vbar);
   }
   acc_t qw = 0;
 #pragma unroll 4
   for (int e = g; e < E; e += groups) {
-    const acc_t w = W[int64_t(e) * M] + ks[e] * u;
+    const acc_t w = (GATED ? decay * W[int64_t(e) * M] : W[int64_t(e) * M]) + ks[e] * u;
     W[int64_t(e) * M] = w;
     qw += qs[e] * w;
   }

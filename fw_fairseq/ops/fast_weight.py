@@ -17,7 +17,7 @@ import logging
 import torch
 
 from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
-from .cuda_functions import cuda_delta, cuda_sum
+from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .guards import autocast_off, state_dtype
 from .step import step_delta, step_gated_delta, step_sum
 
@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_KERNEL_MAX_E, _KERNEL_MAX_M = 512, 129
 _extension = None  # fw_fairseq._cuda once imported, False if it cannot be imported
 _fallbacks_logged = set()
 
@@ -34,7 +33,7 @@ _fallbacks_logged = set()
 def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
     """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
     q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, {}, initial_state)
-    ext = _cuda_kernel(q, v)
+    ext = _cuda_kernel(q, v, "sum")
     if ext is None:  # a decoding step (T = 1) skips the chunk machinery
         step = step_sum if q.shape[2] == 1 else chunked_sum
         return step(q, k, v, state0, output_final_state)
@@ -49,7 +48,7 @@ def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=Fals
     Returns (o [B, H, T, M], state [B, H, E, M] or None).
     """
     q, k, v, (beta, _), state0 = _check_causal("fast_weight_delta", q, k, v, {"beta": beta}, initial_state)
-    ext = _cuda_kernel(q, v)
+    ext = _cuda_kernel(q, v, "delta")
     if ext is None:
         step = step_delta if q.shape[2] == 1 else chunked_delta
         return step(q, k, v, beta, state0, output_final_state)
@@ -62,14 +61,15 @@ def fast_weight_gated_delta(q, k, v, beta, alpha, initial_state=None, output_fin
     """Causal gated delta rule (Gated DeltaNet, Yang et al. 2024), alpha [B, H, T] in (0, 1]:
     W_t = alpha_t W_{t-1} + beta_t k_t (v_t - alpha_t W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
     alpha = 1 is fast_weight_delta. Returns (o [B, H, T, M], state [B, H, E, M] or None).
-    No CUDA kernel yet: CUDA tensors take the chunked path (the ungated kernel would drop alpha).
     """
     q, k, v, (beta, alpha), state0 = _check_causal(
         "fast_weight_gated_delta", q, k, v, {"beta": beta, "alpha": alpha}, initial_state)
-    if q.is_cuda:
-        _log_fallback("the gated delta rule has no CUDA kernel")
-    step = step_gated_delta if q.shape[2] == 1 else chunked_gated_delta
-    return step(q, k, v, beta, alpha, state0, output_final_state)
+    ext = _cuda_kernel(q, v, "gated_delta")
+    if ext is None:
+        step = step_gated_delta if q.shape[2] == 1 else chunked_gated_delta
+        return step(q, k, v, beta, alpha, state0, output_final_state)
+    o, state = cuda_gated_delta(ext, q, k, v, beta, alpha, _kernel_state(q, k, v, state0))
+    return o, (state if output_final_state else None)
 
 
 @autocast_off
@@ -81,11 +81,14 @@ def fast_weight_write(k, v, beta=None, alpha=None):
                                               None, names=("k", "k", "v"))
     if beta is None:
         return torch.einsum("bhte,bhtm->bhem", k.to(state_dtype(k.dtype)), v.to(state_dtype(k.dtype)))
-    ext = None if alpha is not None else _cuda_kernel(k, v)
+    ext = _cuda_kernel(k, v, "delta" if alpha is None else "gated_delta")
     if ext is None:
         return chunked_gated_delta(None, k, v, beta, alpha, None, output_final_state=True)[1]
     # the kernel always reads; reading with q = k is the cheapest valid query
-    return cuda_delta(ext, k, k, v, beta, _kernel_state(k, k, v, None))[1]
+    state0 = _kernel_state(k, k, v, None)
+    if alpha is None:
+        return cuda_delta(ext, k, k, v, beta, state0)[1]
+    return cuda_gated_delta(ext, k, k, v, beta, alpha, state0)[1]
 
 
 @autocast_off
@@ -130,9 +133,11 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     return fast_weight_read(q, fast_weight_write(k, v, beta, alpha))
 
 
-def _cuda_kernel(q, v):
-    """The single dispatch decision: the compiled extension if it can run these inputs, else None
-    (chunked path). Falling back on a CUDA tensor is logged once per reason."""
+def _cuda_kernel(q, v, rule):
+    """The single dispatch decision: the compiled extension if it has `rule`'s kernel ("sum", "delta",
+    "gated_delta": its {rule}_forward) and can run these inputs, else None (chunked path). An extension
+    built without a rule's kernel falls back for that rule only: no rule ever runs another's kernel.
+    Falling back on a CUDA tensor is logged once per reason."""
     global _extension
     if not q.is_cuda:
         return None
@@ -140,17 +145,22 @@ def _cuda_kernel(q, v):
         try:
             from fw_fairseq import _cuda
 
-            _extension = _cuda
+            _extension = _cuda if hasattr(_cuda, "MAX_E") else False
+            if not _extension:  # an extension older than the exported limits: its kernels are unknown here
+                _log_fallback("the CUDA extension fw_fairseq._cuda is out of date (no MAX_E); rebuild it")
         except (ImportError, OSError) as err:
             _extension = False
             _log_fallback(f"the CUDA extension fw_fairseq._cuda is not available ({err})")
     E, M = q.shape[-1], v.shape[-1]
     if _extension is False:
         reason = "the CUDA extension fw_fairseq._cuda is not available"
+    elif not hasattr(_extension, f"{rule}_forward"):
+        reason = f"the CUDA extension fw_fairseq._cuda has no {rule} kernel"
     elif q.dtype not in _KERNEL_DTYPES:
         reason = f"dtype {q.dtype} is not one of the kernel's fp16/bf16/fp32"
-    elif not (1 <= E <= _KERNEL_MAX_E and 1 <= M <= _KERNEL_MAX_M):
-        reason = f"E={E}, M={M} are outside the kernel's 1 <= E <= {_KERNEL_MAX_E}, 1 <= M <= {_KERNEL_MAX_M}"
+    elif not (1 <= E <= _extension.MAX_E and 1 <= M <= _extension.MAX_M):
+        reason = (f"E={E}, M={M} are outside the kernel's 1 <= E <= {_extension.MAX_E}, "
+                  f"1 <= M <= {_extension.MAX_M}")
     else:
         return _extension
     _log_fallback(reason)

@@ -10,7 +10,7 @@ kernel is not emulated, only the dtypes at the boundary. Outputs are preallocate
 an element no kernel writes shows up. Every buffer a kernel sees
 lies between two NaN guard bands (ctypes hands the kernels raw pointers, so nothing else would
 notice an overrun): a write there is reported; a read of an input in the input dtype (q, k, v,
-beta, do) is reported even when the kernel discards the value; a read of an acc_t buffer (states,
+beta, alpha, do) is reported even when the kernel discards the value; a read of an acc_t buffer (states,
 vbar, du, dk_part) shows only if the NaN reaches an output. Inputs must hold no NaN.
 """
 import ctypes
@@ -22,13 +22,14 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 CUDA_DIR = HERE.parents[1] / "cuda"
-SUM, DELTA, DELTA_GRAD = 0, 1, 2  # fw::ColMode in cuda/col_mode.h
+SUM, DELTA, DELTA_GRAD, GATED_DELTA, GATED_DELTA_GRAD = 0, 1, 2, 3, 4  # fw::ColMode in cuda/col_mode.h
 
 _ptr, _int = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = {
-    "emu_col": [_int] + [_ptr] * 8 + [_int] * 5,
-    "emu_delta_rows": [_ptr] * 13 + [_int] * 4,
-    "emu_step": [_int] + [_ptr] * 6 + [_int] * 3,
+    "emu_col": [_int] + [_ptr] * 9 + [_int] * 5,
+    "emu_delta_rows": [_ptr] * 14 + [_int] * 4,
+    "emu_step": [_int] + [_ptr] * 7 + [_int] * 3,
+    "emu_limits": [ctypes.POINTER(ctypes.c_int)] * 2,
     "emu_step_geometry": [_int] * 2 + [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_longlong)],
 }
 # The harness's return codes (emulator/harness.cpp).
@@ -102,9 +103,12 @@ class EmulatedExtension:
 
     def __init__(self, lib):
         self._lib = lib
+        max_e, max_m = ctypes.c_int(), ctypes.c_int()
+        lib.emu_limits(ctypes.byref(max_e), ctypes.byref(max_m))
+        self.MAX_E, self.MAX_M = max_e.value, max_m.value  # as fw_fairseq._cuda exports them
 
-    def _col(self, mode, q, k, v, beta, state_in, state_out, out, aux, reverse):
-        tensors = [q, k, v, beta, state_in, state_out, out, aux]
+    def _col(self, mode, q, k, v, beta, state_in, state_out, out, aux, reverse, alpha=None):
+        tensors = [q, k, v, beta, alpha, state_in, state_out, out, aux]
         for t in tensors:
             assert t is None or (t.dtype == torch.float64 and t.is_contiguous() and not t.is_cuda)
         B, H, T, P = q.shape
@@ -126,39 +130,68 @@ class EmulatedExtension:
         return dq.to(dtype), dk.to(dtype), dv.to(dtype), dstate0.to(state_dtype(dtype))
 
     def delta_forward(self, q, k, v, beta, state):
-        dtype, (q, k, v, beta, state) = _widen("delta_forward", dict(q=q, k=k, v=v, beta=beta), dict(state=state))
+        return self._delta_forward("delta_forward", q, k, v, beta, None, state)
+
+    def gated_delta_forward(self, q, k, v, beta, alpha, state):
+        return self._delta_forward("gated_delta_forward", q, k, v, beta, alpha, state)
+
+    def _delta_forward(self, fn, q, k, v, beta, alpha, state):
+        gates = {} if alpha is None else dict(alpha=alpha)
+        dtype, (q, k, v, beta, *alpha, state) = _widen(fn, dict(q=q, k=k, v=v, beta=beta, **gates), dict(state=state))
         o, final_state = _nan_like(v), _nan_like(state)
-        self._col(DELTA, q, k, v, beta, state, final_state, o, None, False)
+        mode = GATED_DELTA if alpha else DELTA
+        self._col(mode, q, k, v, beta, state, final_state, o, None, False, *alpha)
         return o.to(state_dtype(dtype)), final_state.to(state_dtype(dtype))
 
     def delta_backward(self, q, k, v, beta, state0, do, dfinal):
-        dtype, (q, k, v, beta, do, state0, dfinal) = _widen(
-            "delta_backward", dict(q=q, k=k, v=v, beta=beta, do=do), dict(state0=state0, dfinal=dfinal))
+        return self._delta_backward("delta_backward", q, k, v, beta, None, state0, do, dfinal)
+
+    def gated_delta_backward(self, q, k, v, beta, alpha, state0, do, dfinal):
+        return self._delta_backward("gated_delta_backward", q, k, v, beta, alpha, state0, do, dfinal)
+
+    def _delta_backward(self, fn, q, k, v, beta, alpha, state0, do, dfinal):
+        """cuda/fast_weight.cpp's delta_backward, or gated_delta_backward when alpha is given."""
+        gates = {} if alpha is None else dict(alpha=alpha)
+        dtype, (q, k, v, beta, *alpha, do, state0, dfinal) = _widen(
+            fn, dict(q=q, k=k, v=v, beta=beta, **gates, do=do), dict(state0=state0, dfinal=dfinal))
+        alpha = alpha[0] if alpha else None
         B, H, T, E = q.shape
         vbar, du, dk_part = _nan_like(v), _nan_like(v), _nan_like(q)
         dq, dk, dv, dbeta, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(beta), _nan_like(state0)
-        self._col(DELTA, q, k, v, beta, state0, None, None, vbar, False)
-        self._col(DELTA_GRAD, q, k, do, beta, dfinal, dstate0, dv, du, True)
-        _call(self._lib.emu_delta_rows, [q, k, v, beta, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta,
+        o, final_state = (None, None) if alpha is None else (_nan_like(v), _nan_like(state0))
+        self._col(DELTA if alpha is None else GATED_DELTA, q, k, v, beta, state0, final_state, o, vbar, False, alpha)
+        self._col(DELTA_GRAD if alpha is None else GATED_DELTA_GRAD, q, k, do, beta, dfinal, dstate0, dv, du, True,
+                  alpha)
+        _call(self._lib.emu_delta_rows, [q, k, v, beta, alpha, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta,
                                          B * H, T, E, v.shape[-1]], (dk_part, dq, dk, dbeta))
-        return (*(x.to(dtype) for x in (dq, dk, dv, dbeta)), dstate0.to(state_dtype(dtype)))
+        grads = [dq, dk, dv, dbeta]
+        if alpha is not None:  # the binding's reverse cumulative sum (cuda/README.md, the gate's gradient)
+            per_position = (o * do).sum(-1) - (dv * v).sum(-1)  # [B, H, T]
+            dlog_alpha = per_position.flip(-1).cumsum(-1).flip(-1) + (dfinal * final_state).sum((-2, -1))[..., None]
+            grads.append(dlog_alpha / alpha)
+        return (*(x.to(dtype) for x in grads), dstate0.to(state_dtype(dtype)))
 
-    def _step(self, delta, inputs, state):
+    def _step(self, fn, inputs, state):
         """One step; the caller's state (in the state dtype) is updated in place, as the kernel does."""
-        dtype, (q, k, v, *beta, state64) = _widen("delta_step" if delta else "sum_step", inputs, dict(state=state))
+        dtype, widened = _widen(fn, inputs, dict(state=state))
+        q, k, v, beta, alpha, state64 = [widened[list(inputs).index(name)] if name in inputs else None
+                                         for name in ("q", "k", "v", "beta", "alpha")] + widened[-1:]
         B, H, T, E = q.shape
         assert T == 1
         o = _nan_like(v)
-        _call(self._lib.emu_step, [int(delta), q, k, v, beta[0] if delta else None, state64, o, B * H, E, v.shape[-1]],
+        _call(self._lib.emu_step, [int(beta is not None), q, k, v, beta, alpha, state64, o, B * H, E, v.shape[-1]],
               (state64, o))
         state.copy_(state64)
         return o.to(state_dtype(dtype))
 
     def sum_step(self, q, k, v, state):
-        return self._step(False, dict(q=q, k=k, v=v), state)
+        return self._step("sum_step", dict(q=q, k=k, v=v), state)
 
     def delta_step(self, q, k, v, beta, state):
-        return self._step(True, dict(q=q, k=k, v=v, beta=beta), state)
+        return self._step("delta_step", dict(q=q, k=k, v=v, beta=beta), state)
+
+    def gated_delta_step(self, q, k, v, beta, alpha, state):
+        return self._step("gated_delta_step", dict(q=q, k=k, v=v, beta=beta, alpha=alpha), state)
 
     def step_geometry(self, E, M):
         """(threads per block, dynamic shared memory bytes for a double state) of the step launcher."""

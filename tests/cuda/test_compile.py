@@ -37,6 +37,10 @@ REGISTER_FILE = 65536  # 32-bit registers per SM, and so per block, on sm_70 .. 
 REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
 STATIC_SMEM_LIMIT = 48 * 1024  # without cudaFuncSetAttribute; the step kernel's dynamic smem is checked
 # in test_kernels.py::test_step_launch_fits_every_accepted_shape
+# Instantiations per architecture that the launchers can launch, 4 dtypes each (fp16, bf16, fp32, fp64):
+# col_kernel 9 register tiers x 5 ColModes (sum, delta, delta grad, gated delta, gated delta grad);
+# delta_rows_kernel 5 tiers x 2 sweeps x ungated/gated; step_kernel sum, delta, gated delta.
+INSTANTIATIONS = {"col_kernel": 4 * 9 * 5, "delta_rows_kernel": 4 * 5 * 2 * 2, "step_kernel": 4 * 3}
 
 
 def _include_flags(tmp_path):
@@ -110,3 +114,6 @@ def test_launched_kernels_fit_the_register_file_and_shared_memory(builds):
             problems.append(f"{mangled} ({arch}): {smem} bytes of static shared memory")
     assert seen == set(MAX_THREADS), f"ptxas reported no {set(MAX_THREADS) - seen}: output format changed?"
     assert not problems, problems
+    for arch in {arch for _, arch, *_ in kernels}:  # every instantiation was compiled, and so checked above
+        counts = {f: sum(bool(re.search(rf"\d{f}I", m)) for m, a, *_ in kernels if a == arch) for f in MAX_THREADS}
+        assert counts == INSTANTIATIONS, (arch, counts)

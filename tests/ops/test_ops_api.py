@@ -1,4 +1,6 @@
-"""Public entry points: gradcheck, non-causal write/read, and input validation."""
+"""Public entry points: gradcheck, non-causal write/read, input validation and the dispatch decision."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -146,5 +148,26 @@ def test_cpu_never_touches_the_cuda_extension(monkeypatch):
     import fw_fairseq.ops.fast_weight as fw
 
     monkeypatch.setattr(fw, "_extension", None)
-    assert fw._cuda_kernel(torch.rand(1, 1, 2, 3), torch.rand(1, 1, 2, 3)) is None
+    assert fw._cuda_kernel(torch.rand(1, 1, 2, 3), torch.rand(1, 1, 2, 3), "delta") is None
     assert fw._extension is None
+
+
+class _CudaLike:
+    """What the dispatch reads of a CUDA tensor, on a machine without one."""
+
+    def __init__(self, *shape, dtype=torch.float32):
+        self.is_cuda, self.shape, self.dtype = True, shape, dtype
+
+
+def test_dispatch_sends_each_rule_only_to_its_own_kernel(monkeypatch):
+    import fw_fairseq.ops.fast_weight as fw
+
+    ungated = SimpleNamespace(MAX_E=512, MAX_M=160, sum_forward=None, delta_forward=None)  # no gated kernel
+    monkeypatch.setattr(fw, "_extension", ungated)
+    q, v = _CudaLike(2, 3, 5, 64), _CudaLike(2, 3, 5, 65)
+    assert fw._cuda_kernel(q, v, "delta") is ungated
+    assert fw._cuda_kernel(q, v, "gated_delta") is None
+    # the limits are the extension's own
+    assert fw._cuda_kernel(q, _CudaLike(2, 3, 5, 161), "delta") is None
+    assert fw._cuda_kernel(q, _CudaLike(2, 3, 5, 160), "delta") is ungated
+    assert fw._cuda_kernel(_CudaLike(2, 3, 5, 64, dtype=torch.float64), v, "delta") is None

@@ -6,8 +6,9 @@ the step path are tested everywhere.
 """
 import torch
 
-from fw_fairseq.ops.cuda_functions import cuda_delta, cuda_sum
-from fw_fairseq.ops.naive import naive_delta, naive_sum
+from conftest import make_alpha
+from fw_fairseq.ops.cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
+from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
 
 
 def _vjp(fn, inputs, grads):
@@ -45,13 +46,30 @@ class FakeExtension:
         state.copy_(new)
         return o
 
+    @staticmethod
+    def gated_delta_forward(q, k, v, beta, alpha, state):
+        return naive_gated_delta(q, k, v, beta, alpha, state, True)
+
+    @staticmethod
+    def gated_delta_backward(q, k, v, beta, alpha, state0, do, dfinal):
+        return _vjp(lambda *a: naive_gated_delta(*a, True), (q, k, v, beta, alpha, state0), (do, dfinal))
+
+    @staticmethod
+    def gated_delta_step(q, k, v, beta, alpha, state):
+        o, new = naive_gated_delta(q, k, v, beta, alpha, state, True)
+        state.copy_(new)
+        return o
+
 
 def test_wrappers_route_values_and_gradients(make_inputs):
     inputs = make_inputs(B=1, H=2, T=6, E=4, M=3, requires_grad=True)
     q, k, v, beta, state = inputs
+    alpha = make_alpha(B=1, H=2, T=6, requires_grad=True)
     for wrapped, ref, args in [
         (lambda *a: cuda_sum(FakeExtension, *a), lambda *a: naive_sum(*a, True), (q, k, v, state)),
         (lambda *a: cuda_delta(FakeExtension, *a), lambda *a: naive_delta(*a, True), (q, k, v, beta, state)),
+        (lambda *a: cuda_gated_delta(FakeExtension, *a), lambda *a: naive_gated_delta(*a, True),
+         (q, k, v, beta, alpha, state)),
     ]:
         o, s = wrapped(*args)
         o_ref, s_ref = ref(*args)
@@ -65,10 +83,13 @@ def test_wrappers_route_values_and_gradients(make_inputs):
 
 def test_single_step_without_grad_leaves_the_callers_state_alone(make_inputs):
     q, k, v, beta, state = make_inputs(B=2, H=2, T=1, E=4, M=3)
+    alpha = make_alpha(B=2, H=2, T=1)
     before = state.clone()
     with torch.no_grad():
         o, s = cuda_delta(FakeExtension, q, k, v, beta, state)
         o_sum, s_sum = cuda_sum(FakeExtension, q, k, v, state)
+        o_gated, s_gated = cuda_gated_delta(FakeExtension, q, k, v, beta, alpha, state)
     torch.testing.assert_close((o, s), naive_delta(q, k, v, beta, before, True))
     torch.testing.assert_close((o_sum, s_sum), naive_sum(q, k, v, before, True))
+    torch.testing.assert_close((o_gated, s_gated), naive_gated_delta(q, k, v, beta, alpha, before, True))
     torch.testing.assert_close(state, before)

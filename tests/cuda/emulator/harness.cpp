@@ -2,6 +2,7 @@
 // (scalar_t emu::Scalar, acc_t double), with the launch geometry the launchers in cuda/*.cu use.
 // Returns kOk or one of the errors below.
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_emu.h"
 
@@ -32,8 +33,8 @@ int reads_ok() { return emu::nan_reads.exchange(0) == 0 ? kOk : kNanRead; }
 extern "C" {
 
 int emu_col(int mode, const double* q, const double* k, const double* v, const double* beta,
-            const double* state_in, double* state_out, double* o, double* aux, int heads, int T, int P,
-            int Q, int reverse) {
+            const double* alpha, const double* state_in, double* state_out, double* o, double* aux, int heads,
+            int T, int P, int Q, int reverse) {
   using namespace fw;
   if (heads == 0 || Q == 0) return kOk;  // as launch_col
   emu::nan_reads = 0;
@@ -41,47 +42,67 @@ int emu_col(int mode, const double* q, const double* k, const double* v, const d
   const bool ok = col_tier(P, [&](auto tier) {
     using Tier = decltype(tier);
     const int col_blocks = ceil_div(Q, Tier::kColsPerBlock);
-    const ColArgs<Scalar, double> a{in(q), in(k), in(v),      in(beta), state_in, state_out, o, aux,
-                                    T,     P,     Q,     col_blocks, reverse != 0};
+    const ColArgs<Scalar, double> a{in(q),     in(k), in(v), in(beta), in(alpha),  state_in,    state_out,
+                                    o,         aux,   T,     P,        Q,          col_blocks, reverse != 0};
     const int64_t grid = int64_t(heads) * col_blocks;
     const unsigned block = kColWarps * kWarp;
+    const auto run = [&](auto mode_constant) {
+      constexpr ColMode kMode = decltype(mode_constant)::value;
+      launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, kMode>(a); });
+    };
     switch (static_cast<ColMode>(mode)) {
       case ColMode::kSum:
-        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kSum>(a); });
+        run(std::integral_constant<ColMode, ColMode::kSum>{});
         break;
       case ColMode::kDelta:
-        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kDelta>(a); });
+        run(std::integral_constant<ColMode, ColMode::kDelta>{});
         break;
       case ColMode::kDeltaGrad:
-        launched = emu::launch(grid, block, [&] { col_kernel<Scalar, double, Tier, ColMode::kDeltaGrad>(a); });
+        run(std::integral_constant<ColMode, ColMode::kDeltaGrad>{});
+        break;
+      case ColMode::kGatedDelta:
+        run(std::integral_constant<ColMode, ColMode::kGatedDelta>{});
+        break;
+      case ColMode::kGatedDeltaGrad:
+        run(std::integral_constant<ColMode, ColMode::kGatedDeltaGrad>{});
         break;
     }
   });
   return !ok ? kNoTier : !launched ? kLaunchRefused : reads_ok();
 }
 
-int emu_delta_rows(const double* q, const double* k, const double* v, const double* beta, const double* dout,
-                   const double* vbar, const double* du, const double* state0, const double* dfinal, double* dk_part,
-                   double* dq, double* dk, double* dbeta, int heads, int T, int E, int M) {
+int emu_delta_rows(const double* q, const double* k, const double* v, const double* beta, const double* alpha,
+                   const double* dout, const double* vbar, const double* du, const double* state0,
+                   const double* dfinal, double* dk_part, double* dq, double* dk, double* dbeta, int heads, int T,
+                   int E, int M) {
   using namespace fw;
   if (heads == 0 || E == 0) return kOk;  // as launch_delta_grad_rows
   emu::nan_reads = 0;
-  RowArgs<Scalar, double> a{in(q),   in(k),   in(v),      in(beta), in(dout), vbar, du, state0, dk_part,
-                            out(dq), out(dk), out(dbeta), T,        E,        M,    row_blocks_per_head(E)};
+  RowArgs<Scalar, double> a{in(q),   in(k),   in(v),   in(beta),   in(alpha), in(dout), vbar,
+                            du,      state0,  dk_part, out(dq),    out(dk),   out(dbeta),
+                            T,       E,       M,       row_blocks_per_head(E)};
   const int64_t grid = int64_t(heads) * row_blocks_per_head(E);
   bool launched = false;
   const bool ok = row_tier(M, [&](auto tier) {
     constexpr int J = decltype(tier)::J;
-    launched = emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, false>(a); });
-    a.state = dfinal;
-    launched = launched &&
-               emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, true>(a); });
+    const auto sweeps = [&](auto gated) {
+      constexpr bool kGated = decltype(gated)::value;
+      launched = emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, false, kGated>(a); });
+      a.state = dfinal;
+      launched = launched &&
+                 emu::launch(grid, kRowWarps * kWarp, [&] { delta_rows_kernel<Scalar, double, J, true, kGated>(a); });
+    };
+    if (alpha) {
+      sweeps(std::true_type{});
+    } else {
+      sweeps(std::false_type{});
+    }
   });
   return !ok ? kNoTier : !launched ? kLaunchRefused : reads_ok();
 }
 
-int emu_step(int delta, const double* q, const double* k, const double* v, const double* beta, double* state,
-             double* o, int heads, int E, int M) {
+int emu_step(int delta, const double* q, const double* k, const double* v, const double* beta, const double* alpha,
+             double* state, double* o, int heads, int E, int M) {
   using namespace fw;
   if (heads == 0 || M == 0) return kOk;  // as launch_step
   const int groups = step_groups(E, M);
@@ -90,10 +111,12 @@ int emu_step(int delta, const double* q, const double* k, const double* v, const
   std::memset(smem_raw, kCanary, sizeof(smem_raw));  // also poisons reads before the kernel's writes
   emu::nan_reads = 0;
   const auto kernel = [&] {
-    if (delta) {
-      step_kernel<Scalar, double, true>(in(q), in(k), in(v), in(beta), state, o, E, M, groups);
+    if (delta && alpha) {
+      step_kernel<Scalar, double, true, true>(in(q), in(k), in(v), in(beta), in(alpha), state, o, E, M, groups);
+    } else if (delta) {
+      step_kernel<Scalar, double, true, false>(in(q), in(k), in(v), in(beta), nullptr, state, o, E, M, groups);
     } else {
-      step_kernel<Scalar, double, false>(in(q), in(k), in(v), in(beta), state, o, E, M, groups);
+      step_kernel<Scalar, double, false, false>(in(q), in(k), in(v), nullptr, nullptr, state, o, E, M, groups);
     }
   };
   if (!emu::launch(heads, groups * M, kernel)) return kLaunchRefused;
@@ -101,6 +124,12 @@ int emu_step(int delta, const double* q, const double* k, const double* v, const
     if (smem_raw[i] != kCanary) return kSharedOverrun;
   }
   return reads_ok();
+}
+
+// The binding's limits on E and M (fw::kMaxE, fw::kMaxM), which the extension exports as MAX_E, MAX_M.
+void emu_limits(int* max_e, int* max_m) {
+  *max_e = fw::kMaxE;
+  *max_m = fw::kMaxM;
 }
 
 // The step launcher's block for E, M: threads, and dynamic shared memory bytes for acc_t = double
