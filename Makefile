@@ -16,7 +16,9 @@ $(STAMP): requirements.txt setup.py
 	$(VPY) -m pip install -q pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	$(VPY) -m pip install -q -r requirements.txt
 	$(VPY) -m pip install -q --no-deps --no-build-isolation $(FAIRSEQ)
-	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
+	# compat: a plain path entry, so that Hydra's plugin scan finds hydra_plugins/ (fairseq's CLIs then
+	# load the plugin without --user-dir); setuptools' default editable finder hides it from that scan
+	$(VPY) -m pip install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
 	touch $(STAMP)
 
 demo: $(STAMP)

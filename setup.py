@@ -7,7 +7,7 @@ import glob
 import os
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 
 def cuda_extension():
@@ -47,7 +47,8 @@ setup(
     name="fw_fairseq",
     version="0.1.0",
     description="Linear Transformers as fast weight programmers, as a fairseq plugin",
-    packages=find_packages(include=["fw_fairseq", "fw_fairseq.*"]),
+    # hydra_plugins/ loads the plugin into fairseq's CLIs when --user-dir is left out (see its docstring)
+    packages=find_packages(include=["fw_fairseq", "fw_fairseq.*"]) + find_namespace_packages(include=["hydra_plugins.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.6", "fairseq-fixed==0.12.3.1", "sacrebleu>=2.0"],
     ext_modules=ext_modules,

@@ -7,7 +7,7 @@ import zipfile
 import pytest
 import torch
 
-from fairseq_run import USER_DIR, run_refused, train
+from fairseq_run import USER_DIR, run, run_refused, train
 
 DPFP_DELTA = ["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"]  # nu 1 (fairseq_run.TRAIN)
 
@@ -92,3 +92,15 @@ def test_ema_copies_favor_projections_instead_of_averaging_them(data_bin, tmp_pa
     assert len(projections) == 3  # one layer each: encoder self-, decoder self-, cross-attention
     assert all(torch.equal(ema[k], model[k]) for k in projections)
     assert not torch.equal(ema["encoder.layers.0.fc1.weight"], model["encoder.layers.0.fc1.weight"])
+
+
+def test_generate_and_interactive_without_user_dir_still_load_the_plugin(data_bin, dpfp_checkpoint):
+    """The installed hydra_plugins/fw_fairseq_autoload hook loads the plugin (before, torch.load raised
+    UnpicklingError about weights_only). fairseq-train without it stops earlier, at argument parsing
+    (--arch transformer_fw_small: invalid choice), one line."""
+    generated = run("fairseq-generate", data_bin / "bin", "--path", dpfp_checkpoint, "--gen-subset", "test",
+                    "--batch-size", "4", "--beam", "2", "--required-batch-size-multiple", "1")
+    assert len([line for line in generated.splitlines() if line.startswith("H-")]) == 20
+    interactive = run("fairseq-interactive", data_bin / "bin", "--path", dpfp_checkpoint, "--beam", "2",
+                      "--source-lang", "en", "--target-lang", "de", input="the cat sees the dog\n")
+    assert any(line.startswith("H-0") for line in interactive.splitlines())
