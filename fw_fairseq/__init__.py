@@ -40,3 +40,4 @@ except ImportError:  # the ops (fw_fairseq.ops) are usable without fairseq
 else:
     from fw_fairseq import models  # noqa: F401  (registers transformer_fw*)
     from fw_fairseq import tasks  # noqa: F401  (registers fw_lm_stream)
+    from fw_fairseq import baselines  # noqa: F401  (registers feedback_transformer_lm*)

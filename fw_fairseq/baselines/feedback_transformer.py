@@ -19,7 +19,7 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
                             register_model_architecture)
 from fairseq.models.transformer import Embedding
 
-from fw_fairseq.modules.feedback_layer import FeedbackLayer, FeedbackMemoryMix
+from fw_fairseq.baselines.feedback_layer import FeedbackLayer, FeedbackMemoryMix
 
 DEFAULT_MAX_POSITIONS = 1024
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fw_fairseq.modules.feedback_attention import FeedbackAttention
+from fw_fairseq.baselines.feedback_attention import FeedbackAttention
 
 
 class FeedbackLayer(nn.Module):
