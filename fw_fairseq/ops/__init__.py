@@ -1,7 +1,8 @@
 """Pure tensor maths of fast weight programmers: update rules and feature maps (no fairseq here)."""
-from .fast_weight import (fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_read,
-                          fast_weight_sum, fast_weight_write)
+from .fast_weight import fast_weight_read
 from .feature_maps import FavorPlus, dpfp, elu_plus_one, sum_normalize
+from .rules import (RULES, UpdateRule, append_z_column, divide_by_z, fast_weight_attend, fast_weight_delta,
+                    fast_weight_gated_delta, fast_weight_sum, fast_weight_write)
 
 __all__ = [
     "fast_weight_sum",
@@ -10,6 +11,10 @@ __all__ = [
     "fast_weight_write",
     "fast_weight_read",
     "fast_weight_attend",
+    "RULES",
+    "UpdateRule",
+    "append_z_column",
+    "divide_by_z",
     "elu_plus_one",
     "dpfp",
     "FavorPlus",

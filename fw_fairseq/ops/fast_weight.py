@@ -1,4 +1,5 @@
-"""Public fast weight ops and the one dispatch point (CUDA kernel or chunked PyTorch).
+"""The engine under the public fast weight ops (rules.py): input validation and the one dispatch
+point (CUDA kernel or chunked PyTorch), for any rule of rules.py's table, plus fast_weight_read.
 
 Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta, alpha [B, H, T];
 state [B, H, E, M] (keys x values). alpha (the gated rule's decay) must lie in (0, 1]; its values are
@@ -16,10 +17,7 @@ import logging
 
 import torch
 
-from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
-from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .guards import autocast_off, state_dtype
-from .step import step_delta, step_gated_delta, step_sum
 
 logger = logging.getLogger(__name__)
 
@@ -29,66 +27,30 @@ _extension = None  # fw_fairseq._cuda once imported, False if it cannot be impor
 _fallbacks_logged = set()
 
 
-@autocast_off
-def fast_weight_sum(q, k, v, initial_state=None, output_final_state=False):
-    """Causal sum rule: W_t = W_{t-1} + k_t v_t^T; o_t = W_t^T q_t. Returns (o [B,H,T,M], state or None)."""
-    q, k, v, _, state0 = _check_causal("fast_weight_sum", q, k, v, {}, initial_state)
-    ext = _cuda_kernel(q, v, "sum")
+def causal(rule, fn, q, k, v, scalars, initial_state=None, output_final_state=False):
+    """The causal rule `rule` (a rules.UpdateRule) over q, k, v and its per-position scalars
+    ({name: [B, H, T]} in rule.scalars' order), on the rule's kernel or off it: its step form for
+    T = 1, its chunked form otherwise. fn names the public op in error messages.
+    Returns (o [B, H, T, M], state [B, H, E, M] or None)."""
+    q, k, v, scalars, state0 = _check_causal(fn, q, k, v, scalars, initial_state)
+    ext = _cuda_kernel(q, v, rule.kernel)
     if ext is None:  # a decoding step (T = 1) skips the chunk machinery
-        step = step_sum if q.shape[2] == 1 else chunked_sum
-        return step(q, k, v, state0, output_final_state)
-    o, state = cuda_sum(ext, q, k, v, _kernel_state(q, k, v, state0))
+        form = rule.step if q.shape[2] == 1 else rule.chunked
+        return form(q, k, v, *scalars, state0, output_final_state)
+    o, state = rule.cuda(ext, q, k, v, *scalars, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
 
-@autocast_off
-def fast_weight_delta(q, k, v, beta, initial_state=None, output_final_state=False):
-    """Causal delta rule: W_t = W_{t-1} + beta_t k_t (v_t - W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
-
-    Returns (o [B, H, T, M], state [B, H, E, M] or None).
-    """
-    q, k, v, (beta, _), state0 = _check_causal("fast_weight_delta", q, k, v, {"beta": beta}, initial_state)
-    ext = _cuda_kernel(q, v, "delta")
-    if ext is None:
-        step = step_delta if q.shape[2] == 1 else chunked_delta
-        return step(q, k, v, beta, state0, output_final_state)
-    o, state = cuda_delta(ext, q, k, v, beta, _kernel_state(q, k, v, state0))
-    return o, (state if output_final_state else None)
-
-
-@autocast_off
-def fast_weight_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_state=False):
-    """Causal gated delta rule (Gated DeltaNet, Yang et al. 2024), alpha [B, H, T] in (0, 1]:
-    W_t = alpha_t W_{t-1} + beta_t k_t (v_t - alpha_t W_{t-1}^T k_t)^T; o_t = W_t^T q_t.
-    alpha = 1 is fast_weight_delta. Returns (o [B, H, T, M], state [B, H, E, M] or None).
-    """
-    q, k, v, (beta, alpha), state0 = _check_causal(
-        "fast_weight_gated_delta", q, k, v, {"beta": beta, "alpha": alpha}, initial_state)
-    ext = _cuda_kernel(q, v, "gated_delta")
-    if ext is None:
-        step = step_gated_delta if q.shape[2] == 1 else chunked_gated_delta
-        return step(q, k, v, beta, alpha, state0, output_final_state)
-    o, state = cuda_gated_delta(ext, q, k, v, beta, alpha, _kernel_state(q, k, v, state0))
-    return o, (state if output_final_state else None)
-
-
-@autocast_off
-def fast_weight_write(k, v, beta=None, alpha=None):
-    """Non-causal memory of all T positions: sum_t k_t v_t^T (beta None), or the state after the delta
-    writes t = 1..T in order (the causal delta rule's final state; gated by alpha [B, H, T] if given).
+def memory(rule, fn, k, v, scalars):
+    """The non-causal memory of all T positions under `rule`: its causal state after writing t = 1..T.
+    On CUDA the rule's kernel computes it where rule.kernel_memory says it is the faster way.
     Returns state [B, H, E, M]."""
-    _, k, v, (beta, alpha), _ = _check_causal("fast_weight_write", k, k, v, _scalars("fast_weight_write", beta, alpha),
-                                              None, names=("k", "k", "v"))
-    if beta is None:
-        return torch.einsum("bhte,bhtm->bhem", k.to(state_dtype(k.dtype)), v.to(state_dtype(k.dtype)))
-    ext = _cuda_kernel(k, v, "delta" if alpha is None else "gated_delta")
+    _, k, v, scalars, _ = _check_causal(fn, k, k, v, scalars, None, names=("k", "k", "v"))
+    ext = _cuda_kernel(k, v, rule.kernel) if rule.kernel_memory else None
     if ext is None:
-        return chunked_gated_delta(None, k, v, beta, alpha, None, output_final_state=True)[1]
+        return rule.memory(k, v, *scalars)
     # the kernel always reads; reading with q = k is the cheapest valid query
-    state0 = _kernel_state(k, k, v, None)
-    if alpha is None:
-        return cuda_delta(ext, k, k, v, beta, state0)[1]
-    return cuda_gated_delta(ext, k, k, v, beta, alpha, state0)[1]
+    return rule.cuda(ext, k, k, v, *scalars, _kernel_state(k, k, v, None))[1]
 
 
 @autocast_off
@@ -107,36 +69,10 @@ def fast_weight_read(q, state):
     return torch.einsum("bhte,bhem->bhtm", q.to(dtype), state.to(dtype))
 
 
-@autocast_off
-def fast_weight_attend(q, k, v, beta=None, alpha=None):
-    """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta, alpha)).
-
-    Same function, cheaper order where it exists: for the sum rule, when Tq*T*(E+M) is below
-    (Tq+T)*E*M (short sentences: T < E, M), o = (q k^T) v never forms the [E, M] memory.
-    q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta, alpha [B, H, T] or None -> o [B, H, Tq, M].
-    """
-    _, k, v, (beta, alpha), _ = _check_causal("fast_weight_attend", k, k, v, _scalars("fast_weight_attend", beta, alpha),
-                                              None, names=("k", "k", "v"))
-    _check_tensor("fast_weight_attend", "q", q, 4, "[B, H, Tq, E]")
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"fast_weight_attend: q has shape {tuple(q.shape)}, expected "
-                         f"[B, H, Tq, E] with B, H, E of k's {tuple(k.shape)}")
-    # one dtype for q and the memory, so that both orders compute in the same precision
-    dtype = torch.promote_types(q.dtype, k.dtype)
-    q, k, v = (x.to(dtype) for x in (q, k, v))
-    beta, alpha = (None if x is None else x.to(dtype) for x in (beta, alpha))
-    Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
-    if beta is None and Tq * T * (E + M) < (Tq + T) * E * M:
-        dtype = state_dtype(dtype)
-        scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
-        return scores @ v.to(dtype)  # [B, H, Tq, M]
-    return fast_weight_read(q, fast_weight_write(k, v, beta, alpha))
-
-
-def _cuda_kernel(q, v, rule):
-    """The single dispatch decision: the compiled extension if it has `rule`'s kernel ("sum", "delta",
-    "gated_delta": its {rule}_forward) and can run these inputs, else None (chunked path). An extension
-    built without a rule's kernel falls back for that rule only: no rule ever runs another's kernel.
+def _cuda_kernel(q, v, kernel):
+    """The single dispatch decision: the compiled extension if it has the kernel named `kernel` (a rule's
+    UpdateRule.kernel: its {kernel}_forward) and can run these inputs, else None (chunked path). An
+    extension built without a rule's kernel falls back for that rule only: no rule runs another's kernel.
     Falling back on a CUDA tensor is logged once per reason."""
     global _extension
     if not q.is_cuda:
@@ -154,8 +90,8 @@ def _cuda_kernel(q, v, rule):
     E, M = q.shape[-1], v.shape[-1]
     if _extension is False:
         reason = "the CUDA extension fw_fairseq._cuda is not available"
-    elif not hasattr(_extension, f"{rule}_forward"):
-        reason = f"the CUDA extension fw_fairseq._cuda has no {rule} kernel"
+    elif not hasattr(_extension, f"{kernel}_forward"):
+        reason = f"the CUDA extension fw_fairseq._cuda has no {kernel} kernel"
     elif q.dtype not in _KERNEL_DTYPES:
         reason = f"dtype {q.dtype} is not one of the kernel's fp16/bf16/fp32"
     elif not (1 <= E <= _extension.MAX_E and 1 <= M <= _extension.MAX_M):
@@ -181,17 +117,9 @@ def _kernel_state(q, k, v, state0):
     return state0.to(state_dtype(q.dtype)).contiguous()
 
 
-def _scalars(fn, beta, alpha):
-    """The per-position scalars of a write: none (sum rule), beta (delta) or beta and alpha (gated)."""
-    if beta is None and alpha is not None:
-        raise ValueError(f"{fn}: alpha (the gated delta rule's decay) needs beta")
-    return {name: x for name, x in (("beta", beta), ("alpha", alpha)) if x is not None}
-
-
 def _check_causal(fn, q, k, v, scalars, initial_state, names=("q", "k", "v")):
     """Validate, promote q, k, v and the per-position scalars ({name: [B, H, T] tensor}, e.g. beta)
-    to one float dtype and make them contiguous. Returns (q, k, v, [beta, alpha] with None for the
-    scalars not given, initial_state)."""
+    to one float dtype and make them contiguous. Returns (q, k, v, [the scalars in order], initial_state)."""
     for name, x, shape in zip(names, (q, k, v), ("[B, H, T, E]", "[B, H, T, E]", "[B, H, T, M]")):
         _check_tensor(fn, name, x, 4, shape)
     B, H, T, E = q.shape
@@ -220,9 +148,7 @@ def _check_causal(fn, q, k, v, scalars, initial_state, names=("q", "k", "v")):
     for x in (k, v, *scalars.values()):
         dtype = torch.promote_types(dtype, x.dtype)
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
-    per_position = [None if name not in scalars else scalars[name].to(dtype).contiguous()
-                    for name in ("beta", "alpha")]
-    return q, k, v, per_position, initial_state
+    return q, k, v, [x.to(dtype).contiguous() for x in scalars.values()], initial_state
 
 
 def _check_tensor(fn, name, x, rank, shape):

@@ -16,7 +16,7 @@ gradients are rounded to those 8- and 11-bit mantissas; accumulation is float32)
 import pytest
 import torch
 
-from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
+from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
 from fw_fairseq.ops import fast_weight as public
 from fw_fairseq.ops.cuda_functions import DeltaFunction, GatedDeltaFunction, SumFunction
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
@@ -158,7 +158,7 @@ def test_compiled_steps_equal_forward(compiled, rule, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_public_ops_dispatch_to_the_kernel(compiled, rule, dtype):
     inputs = make_inputs(2, 4, 45, 64, 65, dtype, "cuda")
-    assert public._cuda_kernel(inputs[0], inputs[2], rule) is compiled
+    assert public._cuda_kernel(inputs[0], inputs[2], RULES[rule].kernel) is compiled
     check_against_naive(rule, "public", inputs, TOL[dtype])
 
 
@@ -229,7 +229,7 @@ def test_public_cuda_branch_fp16_sum_outputs_do_not_overflow(emulated_branch, T)
     v = torch.full((1, 1, T, 3), 4096.0, dtype=torch.float16)
     state = torch.full((1, 1, 8, 3), 4096.0)
     with torch.no_grad():  # T = 1: the step kernel
-        o, _ = public.fast_weight_sum(q, q, v, state)
+        o, _ = fast_weight_sum(q, q, v, state)
     expected = 8 * 4096.0 * torch.arange(2, T + 2, dtype=torch.float32)
     torch.testing.assert_close(o, expected[None, None, :, None].expand(1, 1, T, 3), rtol=0, atol=0)
 
