@@ -1,7 +1,12 @@
 """Feature maps phi: R^d -> R^E_{>=0} that linearise attention (paper §5), and sum normalisation.
 
 All maps act on the last dimension and keep every leading dimension, e.g. [B, H, T, d] -> [B, H, T, E].
+Each map is a FeatureMap object (fast-transformers' feature_maps/base.py is the pattern), called the
+same way whatever the map: `phi(x, is_query)`, `phi.out_dim` (E), `phi.redraw()` (a no-op except for
+FAVOR+'s random features); `feature_map(name, d_key, nu, m)` builds one from the flags' values and
+checks its arguments. The plain functions elu_plus_one and dpfp are the maps' maths.
 """
+import abc
 import math
 
 import torch
@@ -23,13 +28,14 @@ def dpfp(x, nu):
     nu must be an int in 1..2d-1: roll by 0 or by 2d would square r instead of pairing distinct
     partial functions, and the paper's capacity argument needs distinct pairs.
     """
-    two_d = 2 * x.shape[-1]
-    if isinstance(nu, bool) or not isinstance(nu, int) or not 1 <= nu <= two_d - 1:
-        raise ValueError(
-            f"dpfp: nu={nu!r} is not allowed; nu must be an int in 1..{two_d - 1} (2*d-1 for d={two_d // 2})"
-        )
+    _check_nu(nu, x.shape[-1])
     r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # [..., 2d]
     return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)  # [..., 2d*nu]
+
+
+def _check_nu(nu, d):
+    if isinstance(nu, bool) or not isinstance(nu, int) or not 1 <= nu <= 2 * d - 1:
+        raise ValueError(f"dpfp: nu={nu!r} is not allowed; nu must be an int in 1..{2 * d - 1} (2*d-1 for d={d})")
 
 
 def sum_normalize(x, eps=1e-6):
@@ -59,7 +65,60 @@ def _orthogonal_gaussian(rows, cols, device, dtype):
     return (norms * directions).to(dtype)
 
 
-class FavorPlus(nn.Module):
+class FeatureMap(nn.Module, abc.ABC):
+    """phi: [..., d_key] -> [..., out_dim]. A module, so that a map with state (FAVOR+'s random
+    projection) lives in its owner's state dict; the parameter-free maps add nothing to it."""
+
+    def __init__(self, d_key):
+        super().__init__()
+        if isinstance(d_key, bool) or not isinstance(d_key, int) or d_key < 1:
+            raise ValueError(f"{type(self).__name__}: d_key={d_key!r} is not allowed; it must be an int >= 1")
+        self.d_key = d_key
+
+    @property
+    @abc.abstractmethod
+    def out_dim(self):
+        """E, the width of phi(x): the capacity of the fast weight memory (paper §4.1)."""
+
+    def redraw(self):
+        """Draw new random features (once per training forward, by the owner); deterministic maps have none."""
+
+    @abc.abstractmethod
+    def forward(self, x, is_query):
+        """x [..., d_key] -> phi(x) [..., out_dim]; is_query matters only to maps that treat queries apart."""
+
+
+class EluPlusOne(FeatureMap):
+    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), E = d_key."""
+
+    @property
+    def out_dim(self):
+        return self.d_key
+
+    def forward(self, x, is_query):
+        return elu_plus_one(x)
+
+
+class Dpfp(FeatureMap):
+    """DPFP-nu (paper Eq. 37), E = 2 d_key nu; nu is checked here, when the map is built."""
+
+    def __init__(self, d_key, nu):
+        super().__init__(d_key)
+        _check_nu(nu, d_key)
+        self.nu = nu
+
+    def extra_repr(self):
+        return f"d_key={self.d_key}, nu={self.nu}"
+
+    @property
+    def out_dim(self):
+        return 2 * self.d_key * self.nu
+
+    def forward(self, x, is_query):
+        return dpfp(x, self.nu)
+
+
+class FavorPlus(FeatureMap):
     """FAVOR+ positive random features (Performer), E = 2m, approximating exp(q.k / sqrt(d)).
 
     phi(x) = [exp(R x' - |x'|^2/2), exp(-R x' - |x'|^2/2)] / sqrt(2m) with x' = x d^-1/4, so that
@@ -75,9 +134,9 @@ class FavorPlus(nn.Module):
     """
 
     def __init__(self, head_dim, num_features):
-        super().__init__()
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
             raise ValueError(f"FavorPlus: head_dim={head_dim!r} is not allowed; it must be an int >= 1")
+        super().__init__(head_dim)
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"FavorPlus: num_features={num_features!r} is not allowed; it must be an int >= 1")
         self.head_dim = head_dim
@@ -86,6 +145,10 @@ class FavorPlus(nn.Module):
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, num_features={self.num_features}"
+
+    @property
+    def out_dim(self):
+        return 2 * self.num_features
 
     @torch.no_grad()
     def redraw(self):
@@ -112,3 +175,18 @@ class FavorPlus(nn.Module):
         # <= |r_i|^2/2 for every row r_i of R (and likewise for -r_i). |r_i|^2 ~ chi^2(d), about d,
         # so the exponent stays near d/2 = 32 for d = 64, far below float32's exp limit (~88).
         return torch.exp(exponents) / math.sqrt(2 * self.num_features)
+
+
+FEATURE_MAPS = ("elu", "dpfp", "favor")
+
+
+def feature_map(name, d_key, nu=None, m=None):
+    """The FeatureMap `name` (one of FEATURE_MAPS) for d_key-wide heads: nu is DPFP's, m FAVOR+'s number
+    of random features (E = 2m); each is checked by its map and ignored by the others."""
+    if name == "elu":
+        return EluPlusOne(d_key)
+    if name == "dpfp":
+        return Dpfp(d_key, nu)
+    if name == "favor":
+        return FavorPlus(d_key, m)
+    raise ValueError(f"feature_map: name={name!r} is not allowed; allowed: {FEATURE_MAPS}")
