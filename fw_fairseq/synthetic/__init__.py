@@ -1,7 +1,7 @@
 """Synthetic associative retrieval (paper §6.1) on the plugin's own fast weight ops.
 
 data:   sequence generator for setting 1 (capacity) and setting 2 (update rules)
-models: RetrievalMemory (softmax / sum / delta / Schlag 2021 memories)
+models: RetrievalMemory (softmax / sum / delta / gated delta / Schlag 2021 memories)
 train:  Adam training with the paper's stopping rule and the all-queries evaluation
 Nothing here imports fairseq.
 """

@@ -8,11 +8,16 @@ v_hat [S] for each query. Only how the memory is written and read differs:
   sum    (§3.2)    W = sum phi(k) v^T, z = sum phi(k); v_hat = W^T phi(q) / (z . phi(q))
   delta  ("ours")  phi' = phi / sum(phi); beta = sigmoid(W_beta x); delta-rule writes of (phi'(k), v);
                    v_hat = W^T phi'(q)
+  gated_delta      the delta rule with a decay alpha = sigmoid(W_alpha x + b) per write (Gated DeltaNet,
+                   Yang et al. 2024; beyond the paper), b initialised so that alpha starts near 1
   schlag (2021)    the same delta-rule write with phi(k) un-normalised (tanh or DPFP), the fast weight
                    rescaled to Frobenius norm <= 1 after every write, v_hat = LayerNorm(W^T phi(q))
 
 The authors' code (github.com/ischlag/fast-weight-transformers, synthetic/) fixes what the paper
 leaves open; we follow it: d_key = 64, d_emb = 1.1 * 2S, biases in W_K, W_Q, W_beta, and their inits.
+The fast-weight maps and rules are the ops' own (fw_fairseq.ops.feature_map and the rule table
+fw_fairseq.ops.RULES: sum normalisation, the z column and its eps, the per-write scalars); this task
+adds only softmax attention, the tanh map and Schlag et al.'s norm-bounded write.
 """
 import math
 
@@ -21,18 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from fw_fairseq.ops import (
-    FavorPlus,
-    dpfp,
-    elu_plus_one,
+    FEATURE_MAPS as OPS_FEATURE_MAPS,
+    RULES as OPS_RULES,
+    append_z_column,
+    divide_by_z,
     fast_weight_delta,
     fast_weight_read,
-    fast_weight_write,
+    feature_map as build_feature_map,
     sum_normalize,
 )
 
-FEATURE_MAPS = ("softmax", "elu", "favor", "dpfp", "tanh")
-RULES = ("sum", "delta", "schlag")
-_EPS = 1e-6  # denominator guard of the sum rule's z . phi(q), as in the authors' code
+FEATURE_MAPS = ("softmax", *OPS_FEATURE_MAPS, "tanh")
+RULES = (*OPS_RULES, "schlag")
+# alpha = sigmoid(W_alpha x + b) starts at sigmoid(5) = 0.993: a memory of L = 40 writes keeps 0.76 of
+# its first write, so training starts near the delta rule and learns how much to forget.
+_GATE_BIAS_INIT = 5.0
 
 
 class RetrievalMemory(nn.Module):
@@ -54,9 +62,15 @@ class RetrievalMemory(nn.Module):
         self.embed = nn.Embedding(num_symbols, d_emb)  # e(.) for written and queried keys alike
         self.key_proj = nn.Linear(d_emb + num_symbols, d_key)  # W_K [e(k); v]
         self.query_proj = nn.Linear(d_emb, d_key)  # W_Q e(q)
-        uses_beta = feature_map != "softmax" and rule != "sum"
-        self.beta_proj = nn.Linear(d_emb + num_symbols, 1) if uses_beta else None
-        self.favor = FavorPlus(d_key, arg) if feature_map == "favor" else None
+        scalars = () if feature_map == "softmax" else ("beta",) if rule == "schlag" else OPS_RULES[rule].scalars
+        self.beta_proj = nn.Linear(d_emb + num_symbols, 1) if "beta" in scalars else None
+        # None for softmax and tanh. FAVOR+ draws its projection from the global RNG, here, between the
+        # projections and the inits below: the order the recorded results were seeded with.
+        self.phi_map = (build_feature_map(feature_map, d_key, nu=arg, m=arg)
+                        if feature_map in OPS_FEATURE_MAPS else None)
+        self.alpha_proj = nn.Linear(d_emb + num_symbols, 1) if "alpha" in scalars else None
+        if self.alpha_proj is not None:
+            nn.init.constant_(self.alpha_proj.bias, _GATE_BIAS_INIT)
         nn.init.normal_(self.embed.weight, std=1.0)
         if feature_map == "softmax":
             nn.init.xavier_uniform_(self.key_proj.weight)
@@ -69,22 +83,12 @@ class RetrievalMemory(nn.Module):
     @property
     def d_dot(self):
         """Dimension E of phi's codomain: the capacity of the fast weight memory (paper §4.1)."""
-        return {
-            "softmax": None,
-            "elu": self.d_key,
-            "tanh": self.d_key,
-            "favor": 2 * (self.arg or 0),
-            "dpfp": 2 * self.d_key * (self.arg or 0),
-        }[self.feature_map]
+        if self.phi_map is not None:
+            return self.phi_map.out_dim
+        return self.d_key if self.feature_map == "tanh" else None
 
     def phi(self, x, is_query):
-        if self.feature_map == "elu":
-            return elu_plus_one(x)
-        if self.feature_map == "dpfp":
-            return dpfp(x, self.arg)
-        if self.feature_map == "favor":
-            return self.favor(x, is_query=is_query)
-        return torch.tanh(x)
+        return torch.tanh(x) if self.phi_map is None else self.phi_map(x, is_query)
 
     def _project_writes(self, linear, keys, values):
         """linear([e(key); one_hot(value)]) for every write: [B, L] x 2 -> [B, L, out].
@@ -106,23 +110,24 @@ class RetrievalMemory(nn.Module):
         if self.feature_map == "softmax":
             attn = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(self.d_key), dim=-1)  # [B, Q, L]
             return attn @ v  # [B, Q, S]
-        if self.favor is not None and self.training:
-            self.favor.redraw()  # paper §5.3: new random features per mini-batch, fixed in eval
+        if self.training and self.phi_map is not None:
+            self.phi_map.redraw()  # FAVOR+ (paper §5.3): new random features per mini-batch, fixed in eval
         # the ops are head-first: one head, H = 1
         phi_k = self.phi(k, is_query=False)[:, None]  # [B, 1, L, E]
         phi_q = self.phi(q, is_query=True)[:, None]  # [B, 1, Q, E]
         v = v[:, None]  # [B, 1, L, S]
-        if self.rule == "sum":
-            # A constant 1 appended to every value makes the memory's last column z = sum phi(k)
-            # (Eq. 18), so one write and one read give both the numerator and z . phi(q).
-            v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, 1, L, S + 1]
-            read = fast_weight_read(phi_q, fast_weight_write(phi_k, v1))  # [B, 1, Q, S + 1]
-            return (read[..., :S] / (read[..., S:] + _EPS))[:, 0]  # [B, Q, S]
-        beta = torch.sigmoid(self._project_writes(self.beta_proj, keys, values)).transpose(1, 2)  # [B, 1, L]
-        if self.rule == "delta":
-            state = fast_weight_write(sum_normalize(phi_k), v, beta)  # [B, 1, E, S]
-            return fast_weight_read(sum_normalize(phi_q), state)[:, 0]  # [B, Q, S]
-        state = schlag_write(phi_k, v, beta)  # [B, 1, E, S]
+        projections = {"beta": self.beta_proj, "alpha": self.alpha_proj}
+        scalars = {name: torch.sigmoid(self._project_writes(proj, keys, values)).transpose(1, 2)  # [B, 1, L]
+                   for name, proj in projections.items() if proj is not None}
+        if self.rule != "schlag":
+            rule = OPS_RULES[self.rule]
+            if rule.sum_normalised:
+                phi_k, phi_q = sum_normalize(phi_k), sum_normalize(phi_q)
+            if rule.z_column:  # the memory's last column is z = sum phi(k) (Eq. 18): [B, 1, L, S + 1]
+                v = append_z_column(v)
+            read = fast_weight_read(phi_q, rule.write(phi_k, v, *(scalars[name] for name in rule.scalars)))
+            return (divide_by_z(read) if rule.z_column else read)[:, 0]  # [B, Q, S]
+        state = schlag_write(phi_k, v, scalars["beta"])  # [B, 1, E, S]
         return F.layer_norm(fast_weight_read(phi_q, state), (S,))[:, 0]  # [B, Q, S]
 
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from fw_fairseq.ops import dpfp, fast_weight_write
+from fw_fairseq.ops import dpfp, fast_weight_write, sum_normalize
+from fw_fairseq.ops.naive import naive_gated_delta
 from fw_fairseq.synthetic import RetrievalMemory, TrainConfig, schlag_write, train, training_batch
 
 
@@ -57,10 +58,10 @@ def test_schlag_write_is_delta_rule_with_norm_bound():
 def test_favor_features_redrawn_in_training_fixed_in_eval():
     model = RetrievalMemory(5, "favor", "sum", arg=8)
     batch = training_batch(4, 5, 5, replace=False, generator=torch.Generator().manual_seed(0))[:3]
-    before = model.favor.projection.clone()
+    before = model.phi_map.projection.clone()
     model.train()
     model(*batch)
-    assert not torch.equal(before, model.favor.projection)
+    assert not torch.equal(before, model.phi_map.projection)
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(*batch), model(*batch), rtol=0, atol=0)
@@ -68,7 +69,7 @@ def test_favor_features_redrawn_in_training_fixed_in_eval():
 
 @pytest.mark.parametrize("feature_map, rule, arg", [("softmax", "sum", None), ("elu", "sum", None),
                                                     ("favor", "sum", 4), ("dpfp", "delta", 1),
-                                                    ("tanh", "schlag", None)])
+                                                    ("dpfp", "gated_delta", 1), ("tanh", "schlag", None)])
 def test_output_shape_and_d_dot(feature_map, rule, arg):
     model = RetrievalMemory(5, feature_map, rule, arg=arg, d_key=4)
     batch = training_batch(2, 5, 10, replace=True, generator=torch.Generator().manual_seed(0))[:3]
@@ -80,7 +81,7 @@ def test_unknown_feature_map_or_rule_is_refused():
     with pytest.raises(ValueError, match="feature_map"):
         RetrievalMemory(5, "relu")
     with pytest.raises(ValueError, match="rule"):
-        RetrievalMemory(5, "dpfp", "gated", arg=1)
+        RetrievalMemory(5, "dpfp", "hebbian", arg=1)
 
 
 def test_tiny_model_learns_setting1():
@@ -93,5 +94,28 @@ def test_tiny_model_learns_setting1():
 def test_delta_rule_learns_to_overwrite_setting2():
     torch.manual_seed(0)
     model = RetrievalMemory(8, "dpfp", "delta", arg=1)
+    result = train(model, 8, 16, True, TrainConfig(max_steps=250, eval_every=50, seed=0))
+    assert result["best_eval_loss"] < 0.05, result["curve"]
+
+
+def test_gated_rule_is_the_decayed_delta_write_of_normalised_features():
+    torch.manual_seed(0)
+    model = RetrievalMemory(6, "dpfp", "gated_delta", arg=1).double()
+    keys, values, queries, _ = training_batch(3, 6, 9, replace=True, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([model.embed(keys), torch.nn.functional.one_hot(values, 6).double()], dim=-1)  # [3, L, .]
+    phi_k = sum_normalize(dpfp(model.key_proj(x), 1))[:, None]  # [3, 1, L, E]
+    phi_q = sum_normalize(dpfp(model.query_proj(model.embed(queries)), 1))[:, None]
+    beta = torch.sigmoid(model.beta_proj(x))[..., 0][:, None]  # [3, 1, L]
+    alpha = torch.sigmoid(model.alpha_proj(x))[..., 0][:, None]
+    v = torch.nn.functional.one_hot(values, 6).double()[:, None]
+    _, W = naive_gated_delta(phi_k, phi_k, v, beta, alpha, None, True)
+    torch.testing.assert_close(model(keys, values, queries), (phi_q @ W)[:, 0])
+    assert alpha.min() > 0.9 and alpha.mean() > 0.98  # the gate starts near 1: sigmoid(5 + w.x)
+
+
+
+def test_gated_delta_rule_learns_to_overwrite_setting2():
+    torch.manual_seed(0)
+    model = RetrievalMemory(8, "dpfp", "gated_delta", arg=1)
     result = train(model, 8, 16, True, TrainConfig(max_steps=250, eval_every=50, seed=0))
     assert result["best_eval_loss"] < 0.05, result["curve"]
