@@ -30,11 +30,14 @@ struct ColTier {
 
 // Tiers by the number of state rows P: E for the forward and the delta rule's column passes, M in
 // the sum rule's dq and dk passes. M = 65 and 129 (d_value + 1, the z column) and E = 384 (DPFP
-// nu = 3) get tiers of their own. False if P > 512.
+// nu = 3) get tiers of their own. False if P > 512 (kMaxE; the sum rule's P = M <= kMaxM is smaller).
+using WidestColTier = ColTier<32, 16, 2>;
+static_assert(WidestColTier::kCapacity == kMaxE && kMaxM <= kMaxE, "the column tiers must hold kMaxE rows");
+
 template <typename F>
 bool col_tier(int P, F&& f) {
   return dispatch_tier<ColTier<8, 2, 4>, ColTier<8, 4, 4>, ColTier<8, 8, 4>, ColTier<16, 5, 2>, ColTier<16, 8, 2>,
-                       ColTier<16, 10, 2>, ColTier<32, 8, 2>, ColTier<32, 12, 2>, ColTier<32, 16, 2>>(P, f);
+                       ColTier<16, 10, 2>, ColTier<32, 8, 2>, ColTier<32, 12, 2>, WidestColTier>(P, f);
 }
 
 template <typename scalar_t, typename acc_t>

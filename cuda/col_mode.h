@@ -1,4 +1,5 @@
 // Plain C++ (no CUDA, no torch): shared by the binding, the launchers, the kernels and the emulator.
+// (Named for the column modes; it also holds the limits that the column and row tiers are sized for.)
 #pragma once
 
 namespace fw {

@@ -5,7 +5,8 @@
 namespace fw {
 
 void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in, const at::Tensor& state_out,
+                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in,
+                const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse) {
   const int64_t heads = q.size(0) * q.size(1);
   const int T = q.size(2), P = q.size(3), Q = v.size(3);
@@ -46,7 +47,7 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    TORCH_CHECK(launched, "fw_fairseq._cuda: the state has ", P, " rows, more than the kernel's 512");
+    TORCH_CHECK(launched, "fw_fairseq._cuda: the state has ", P, " rows, more than the kernel's ", kMaxE);
   });
 }
 

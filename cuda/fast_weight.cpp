@@ -148,7 +148,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   launch_col(ColMode::kGatedDeltaGrad, q, k, dout, beta, alpha, dfinal, dstate0, dv, du, true);
   launch_delta_grad_rows(q, k, v, beta, alpha, dout, vbar, du, state0, dfinal, dq, dk, dbeta, dk_part);
   const auto per_position = (o * dout.to(acc)).sum(-1) - (dv * v.to(acc)).sum(-1);  // [B, H, T]
-  const auto dlog_alpha = per_position.flip(-1).cumsum(-1).flip(-1) + (dfinal * final_state).sum({-2, -1}).unsqueeze(-1);
+  const auto carried = (dfinal * final_state).sum({-2, -1}).unsqueeze(-1);  // <dS_T, S_T>, [B, H, 1]
+  const auto dlog_alpha = per_position.flip(-1).cumsum(-1).flip(-1) + carried;
   const auto dalpha = (dlog_alpha / alpha.to(acc)).to(q.scalar_type());
   return {dq, dk, dv.to(q.scalar_type()), dbeta, dalpha, dstate0};
 }

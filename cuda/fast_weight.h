@@ -12,7 +12,8 @@ namespace fw {
 // q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); alpha [B, H, T] (gated modes);
 // state_in, state_out [B, H, P, Q]; out and aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.
 void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in, const at::Tensor& state_out,
+                const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& state_in,
+                const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse);
 
 // The (gated, if alpha is defined) delta rule's dq, dk, dbeta from the rows of W (forward sweep) and
@@ -20,7 +21,8 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
 // [B, H, T, M] in acc_t. dk_part [B, H, T, E] (acc_t) is scratch that carries
 // -beta_t alpha_t W_{t-1} du_t between the sweeps.
 void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout, const at::Tensor& vbar,
+                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout,
+                            const at::Tensor& vbar,
                             const at::Tensor& du, const at::Tensor& state0, const at::Tensor& dfinal,
                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
                             const at::Tensor& dk_part);

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 
+#include "col_mode.h"
 #include "warp.cuh"
 
 namespace fw {
@@ -159,11 +160,12 @@ __global__ void __launch_bounds__(kRowWarps* kWarp) delta_rows_kernel(const RowA
   }
 }
 
-// J columns per lane: 32 J >= M. False if M > 160.
+// J columns per lane: 32 J >= M. False if M > 160 (kMaxM).
 template <int J_>
 struct RowTier {
   static constexpr int J = J_, kCapacity = kWarp * J_;
 };
+static_assert(RowTier<5>::kCapacity == kMaxM, "the row tiers must hold kMaxM columns");
 
 template <typename F>
 bool row_tier(int M, F&& f) {

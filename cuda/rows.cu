@@ -7,7 +7,8 @@
 namespace fw {
 
 void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout, const at::Tensor& vbar,
+                            const at::Tensor& beta, const at::Tensor& alpha, const at::Tensor& dout,
+                            const at::Tensor& vbar,
                             const at::Tensor& du, const at::Tensor& state0, const at::Tensor& dfinal,
                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dbeta,
                             const at::Tensor& dk_part) {
@@ -49,7 +50,7 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
         sweeps(std::false_type{});
       }
     });
-    TORCH_CHECK(launched, "fw_fairseq._cuda: M = ", M, " exceeds the delta backward's limit 160");
+    TORCH_CHECK(launched, "fw_fairseq._cuda: M = ", M, " exceeds the delta backward's limit ", kMaxM);
   });
 }
 

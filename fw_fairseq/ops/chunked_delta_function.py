@@ -5,8 +5,10 @@ Forward (fw_fairseq/ops/README.md §2, §8), per chunk n with S_n the state befo
 read = exp(g_t), write = exp(g_C − g_t), chunk = exp(g_C); the delta rule (g None) has all four = 1
 and skips them (fla's one core with g=None):
 
-    X = tril(K Kᵀ, −1) ⊙ pair;  T = (I + diag(β) X)⁻¹;  T_β = T diag(β);  P = tril(Q Kᵀ) ⊙ pair   (all chunks)
-    r = V − (read·K) S_n;  u = T_β r;  O = P u + (read·Q) S_n;  S_{n+1} = chunk·S_n + (write·K)ᵀ u   (in order)
+    X = tril(K Kᵀ, −1) ⊙ pair;  T = (I + diag(β) X)⁻¹;  T_β = T diag(β);  P = tril(Q Kᵀ) ⊙ pair
+                                                                               (all chunks at once)
+    r = V − (read·K) S_n;  u = T_β r;  O = P u + (read·Q) S_n;  S_{n+1} = chunk·S_n + (write·K)ᵀ u
+                                                                               (chunk by chunk)
 
 u = T_β (V − K S_n) is the WY form's U − W S_n without forming W = T_β K and U = T_β V: one more
 small matmul per chunk in the loop, but two batched [C, C] x [C, E|M] products fewer, which is
@@ -17,7 +19,8 @@ of S_{n+1}:
 then, batched over chunks: dV = dr; dK = u G_nᵀ − dr S_nᵀ + tril(dO uᵀ)ᵀ Q + (dX + dXᵀ) K;
 dQ = tril(dO uᵀ) K + dO S_nᵀ (the gated rule's scaled forms: chunk_gates.gated_backward_terms);
 and through the UT transform, with dT_β = du rᵀ:
-    dT = dT_β diag(β);  dβ = colsum(dT_β ⊙ T) + rowsum(dL ⊙ X);  dL = −tril(Tᵀ dT Tᵀ, −1);  dX = diag(β) dL
+    dT = dT_β diag(β);  dβ = colsum(dT_β ⊙ T) + rowsum(dL ⊙ X);
+    dL = −tril(Tᵀ dT Tᵀ, −1);  dX = diag(β) dL
 
 Shapes, head-major (a plain view of [B, H, T, D] when C divides T): BH = B·H heads, N chunks of C
 positions. Q, K [BH, N, C, E]; V [BH, N, C, M]; beta, g [BH, N, C]; states [BH, N, E, M]; batched

@@ -1,10 +1,9 @@
 """The engine under the public fast weight ops (rules.py): input validation and the one dispatch
 point (CUDA kernel or chunked PyTorch), for any rule of rules.py's table, plus fast_weight_read.
 
-Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta, alpha [B, H, T];
-state [B, H, E, M] (keys x values). alpha (the gated rule's decay) must lie in (0, 1]; its values are
-not checked (that would synchronise a GPU at every call). No scaling or normalisation happens here: the attention module
-divides by z . phi(q) (sum rule) or sum-normalises phi (delta rule) itself.
+Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; per-position scalars
+(beta, alpha) [B, H, T]; state [B, H, E, M] (keys x values). No scaling or normalisation happens here
+(rules.py: the caller sum-normalises phi or divides by the z column, as the rule's record says).
 
 dtypes: any float dtype. Mixed inputs (e.g. float32 FAVOR+ features with fp16 values) are promoted
 to their common dtype. Outputs and states are float32 for fp16/bf16 and in the input dtype for

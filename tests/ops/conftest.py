@@ -24,13 +24,6 @@ def make_fast_weight_inputs(B=2, H=3, T=37, E=8, M=5, dtype=torch.float64, seed=
     return tensors
 
 
-def make_alpha(B=2, H=3, T=37, low=0.3, dtype=torch.float64, seed=1, requires_grad=False):
-    """The gated rule's decay alpha [B, H, T], uniform in [low, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    alpha = low + (1 - low) * torch.rand(B, H, T, generator=g, dtype=torch.float64)
-    return alpha.to(dtype).requires_grad_(requires_grad)
-
-
 @pytest.fixture
 def make_inputs():
     return make_fast_weight_inputs

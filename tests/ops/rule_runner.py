@@ -1,5 +1,9 @@
-"""One way to call every implementation of the causal rules, shared by the ops tests."""
-from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
+"""One way to call every implementation of the causal rules, shared by the ops tests (and the gates
+they draw: `make_alpha`). Helpers live here, not in conftest.py: a plain `from conftest import` would
+find another directory's conftest when the whole suite runs."""
+import torch
+
+from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
 from fw_fairseq.ops.chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
 
@@ -8,7 +12,14 @@ RULE_FNS = {
     "delta": {"naive": naive_delta, "chunked": chunked_delta, "public": fast_weight_delta},
     "gated_delta": {"naive": naive_gated_delta, "chunked": chunked_gated_delta, "public": fast_weight_gated_delta},
 }
-SCALARS = {"sum": (), "delta": ("beta",), "gated_delta": ("beta", "alpha")}  # per-position inputs
+SCALARS = {name: rule.scalars for name, rule in RULES.items()}  # per-position inputs, in argument order
+
+
+def make_alpha(B=2, H=3, T=37, low=0.3, dtype=torch.float64, seed=1, requires_grad=False):
+    """The gated rule's decay alpha [B, H, T], uniform in [low, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    alpha = low + (1 - low) * torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    return alpha.to(dtype).requires_grad_(requires_grad)
 
 
 def gates_from(beta):

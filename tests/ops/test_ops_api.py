@@ -4,7 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_read, fast_weight_sum, fast_weight_write
+from fw_fairseq.ops import (fast_weight_delta, fast_weight_gated_delta, fast_weight_read, fast_weight_sum,
+                            fast_weight_write)
 from fw_fairseq.ops.naive import naive_noncausal
 
 

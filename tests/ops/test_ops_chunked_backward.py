@@ -3,11 +3,10 @@ loop's autograd in float64, for every combination of upstream gradients they spe
 import pytest
 import torch
 
-from conftest import make_alpha
 from fw_fairseq.ops.chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from fw_fairseq.ops.chunked_delta_function import unit_lower_inverse_
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta
-from rule_runner import SCALARS, run_rule
+from rule_runner import SCALARS, make_alpha, run_rule
 
 
 @pytest.mark.parametrize("C", [1, 5, 16, 17, 33, 64])

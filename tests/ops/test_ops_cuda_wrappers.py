@@ -6,9 +6,9 @@ the step path are tested everywhere.
 """
 import torch
 
-from conftest import make_alpha
 from fw_fairseq.ops.cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+from rule_runner import make_alpha
 
 
 def _vjp(fn, inputs, grads):

@@ -4,8 +4,7 @@ import torch
 
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
 from fw_fairseq.ops.naive import naive_delta, naive_sum, quadratic_sum
-from conftest import make_alpha
-from rule_runner import SCALARS, run_rule
+from rule_runner import SCALARS, make_alpha, run_rule
 
 # (B, H, T, E, M, chunk): T not a multiple of the chunk, T = 1, T a multiple, T < chunk, chunk 1
 SHAPES = [(2, 3, 37, 8, 5, 8), (1, 2, 1, 4, 4, 64), (2, 1, 64, 6, 3, 16), (1, 1, 20, 9, 4, 64), (1, 2, 7, 4, 6, 1)]

@@ -4,10 +4,10 @@ friends run it beside the sum and delta rules): alpha = 1 is the delta rule, str
 import pytest
 import torch
 
-from conftest import make_alpha
 from fw_fairseq.ops import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_read
 from fw_fairseq.ops import fast_weight_write
 from fw_fairseq.ops.naive import naive_gated_delta, naive_noncausal
+from rule_runner import make_alpha
 
 
 @pytest.mark.parametrize("T", [1, 29, 100])
@@ -17,7 +17,8 @@ def test_alpha_one_is_the_delta_rule(make_inputs, T):
     for a, b in zip(fast_weight_gated_delta(q, k, v, beta, ones, state, True),
                     fast_weight_delta(q, k, v, beta, state, True), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(fast_weight_write(k, v, beta, ones), fast_weight_write(k, v, beta), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fast_weight_write(k, v, beta, ones), fast_weight_write(k, v, beta),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("low", [1e-3, 0.05])

@@ -3,9 +3,9 @@ module, the synthetic task, the dispatch) holds for the ops it names."""
 import pytest
 import torch
 
-from conftest import make_alpha
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z
 from fw_fairseq.ops.rules import Z_EPS
+from rule_runner import make_alpha
 
 
 def _scalars(rule, beta, alpha):

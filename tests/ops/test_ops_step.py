@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from conftest import make_alpha
-from rule_runner import SCALARS, run_rule
+from rule_runner import SCALARS, make_alpha, run_rule
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
