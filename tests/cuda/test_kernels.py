@@ -16,7 +16,7 @@ gradients are rounded to those 8- and 11-bit mantissas; accumulation is float32)
 import pytest
 import torch
 
-from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
+from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum, fast_weight_write
 from fw_fairseq.ops import fast_weight as public
 from fw_fairseq.ops.cuda_functions import DeltaFunction, GatedDeltaFunction, SumFunction
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
@@ -206,6 +206,15 @@ def emulated_branch(emulated, monkeypatch):
                          ids=lambda s: "B{}H{}T{}E{}M{}".format(*s))
 def test_public_cuda_branch_matches_naive(emulated_branch, rule, shape):
     check_against_naive(rule, "public", make_inputs(*shape, torch.float64, "cpu"), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+def test_public_cuda_branch_writes_the_final_state(emulated_branch, rule):
+    # fast_weight_write runs the rule's own kernel (reading with q = k) and keeps its final state
+    inputs = make_inputs(2, 3, 7, 8, 5, torch.float64, "cpu")
+    _, k, v, *scalars, _ = rule_inputs(rule, inputs)
+    _, expected = run(rule, "naive", [*inputs[:5], torch.zeros_like(inputs[5])])
+    torch.testing.assert_close(fast_weight_write(k, v, *scalars), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("rule", RULES)
