@@ -22,7 +22,7 @@ import torch
 
 from fairseq import checkpoint_utils, trainer
 
-from fw_fairseq.modules.fast_weight_config import FastWeightConfig, cli_error
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, cli_error, with_later_flags
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +60,13 @@ class RecordsFastWeightSettings:
                            "they cannot be checked: load it with the flags it was trained with")
             state_dict[RECORD] = getattr(self, RECORD).clone()
         else:
-            found = differences(decode(stored), wanted)
+            found = differences(with_later_flags(decode(stored)), wanted)
             if found:
                 source = getattr(stored, "fw_source", "the checkpoint")
                 raise cli_error(f"{source} was trained with {found} (its weights fit only "
                                 f"that attention: load it with the flags it was trained with)")
+            # the same settings, perhaps recorded before a flag was (a buffer of another length)
+            state_dict[RECORD] = getattr(self, RECORD).clone()
         return super().load_state_dict(state_dict, strict, model_cfg, args)
 
 

@@ -5,9 +5,13 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
-FEATURE_MAPS = ("elu", "dpfp", "favor")
-UPDATE_RULES = ("sum", "delta")
+from fw_fairseq.ops import FEATURE_MAPS, RULES
+
+UPDATE_RULES = tuple(RULES)
 PLACES = ("encoder", "decoder", "cross")
+BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
+# The gate's bias starts at 5: alpha = sigmoid(5) = 0.993, so training starts near the delta rule.
+GATE_BIAS_INIT = 5.0
 
 
 def parse_places(text: str) -> str:
@@ -56,6 +60,13 @@ def positive_int(flag: str):
     return parse
 
 
+def beta_max(text: str) -> int:
+    if text.strip() not in [str(m) for m in BETA_MAX]:
+        raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: "
+                                         f"{' or '.join(map(str, BETA_MAX))}")
+    return int(text)
+
+
 def add_fast_weight_args(parser):
     """The `--fw-*` flags; fairseq shows them in the model's group of --help.
 
@@ -67,7 +78,14 @@ def add_fast_weight_args(parser):
                             "(DPFP-nu, d_dot = 2*d_key*nu) or favor (FAVOR+, d_dot = 2m)")
     group.add_argument("--fw-update-rule", choices=UPDATE_RULES,
                        help="sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
-                            "delta: the paper's delta rule with learned beta and sum-normalised phi")
+                            "delta: the paper's delta rule with learned beta and sum-normalised phi; "
+                            "gated_delta: the delta rule with a learned decay alpha = "
+                            "sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
+                            f"{GATE_BIAS_INIT:g} so that alpha starts near 1 (0.993)")
+    group.add_argument("--fw-delta-beta-max", type=beta_max, metavar="{1,2}",
+                       help="beta = max * sigmoid(w_beta^T x) of the delta rules: 1 keeps beta in "
+                            "(0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi "
+                            "et al. 2024); the sum rule has no beta and ignores it")
     group.add_argument("--fw-dpfp-nu", type=positive_int("--fw-dpfp-nu"), metavar="NU",
                        help="DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)")
     group.add_argument("--fw-favor-features", type=positive_int("--fw-favor-features"),
@@ -79,12 +97,13 @@ def add_fast_weight_args(parser):
 
 
 def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
-                             favor_features=128, places="all"):
+                             favor_features=128, places="all", beta_max=1):
     """Architecture defaults; command-line values win (fairseq's getattr convention)."""
     args.fw_feature_map = getattr(args, "fw_feature_map", None) or feature_map
     args.fw_update_rule = getattr(args, "fw_update_rule", None) or update_rule
     args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or dpfp_nu
     args.fw_favor_features = getattr(args, "fw_favor_features", None) or favor_features
+    args.fw_delta_beta_max = getattr(args, "fw_delta_beta_max", None) or beta_max
     if getattr(args, "fw_attention", None) is None:
         args.fw_attention = parse_places(places)
 
@@ -116,11 +135,14 @@ class FastWeightConfig:
     dpfp_nu: int
     favor_features: int
     places: FrozenSet[str]
+    beta_max: int = 1
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
+        # args saved before --fw-delta-beta-max existed were trained with beta max 1
         config = cls(args.fw_feature_map, args.fw_update_rule, int(args.fw_dpfp_nu),
-                     int(args.fw_favor_features), places_set(args.fw_attention))
+                     int(args.fw_favor_features), places_set(args.fw_attention),
+                     int(getattr(args, "fw_delta_beta_max", None) or 1))
         config.check()
         return config
 
@@ -129,6 +151,8 @@ class FastWeightConfig:
             raise ValueError(f"--fw-feature-map got {self.feature_map!r}; allowed: {FEATURE_MAPS}")
         if self.update_rule not in UPDATE_RULES:
             raise ValueError(f"--fw-update-rule got {self.update_rule!r}; allowed: {UPDATE_RULES}")
+        if self.beta_max not in BETA_MAX:
+            raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
 
     def uses(self, place: str) -> bool:
         return place in self.places
@@ -144,4 +168,15 @@ class FastWeightConfig:
                 out["--fw-dpfp-nu"] = str(self.dpfp_nu)
             if self.feature_map == "favor":
                 out["--fw-favor-features"] = str(self.favor_features)
+            if "beta" in RULES[self.update_rule].scalars:
+                out["--fw-delta-beta-max"] = str(self.beta_max)
         return out
+
+
+def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
+    """A settings record completed with the flags recorded only since it was written, at the
+    value every model had before them: a delta-rule record without --fw-delta-beta-max is 1."""
+    rule = settings.get("--fw-update-rule")
+    if rule in RULES and "beta" in RULES[rule].scalars and "--fw-delta-beta-max" not in settings:
+        return {**settings, "--fw-delta-beta-max": "1"}
+    return settings

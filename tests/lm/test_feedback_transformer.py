@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lm_factory import build_lm, decode_step_by_step, random_tokens
+from factories import build_lm, decode_step_by_step, random_tokens
 
 SMALL = ["--decoder-layers", "3", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2",
          "--decoder-ffn-embed-dim", "24", "--tokens-per-sample", "5"]  # 5: distances get clamped

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from lm_factory import build_lm
+from factories import build_lm
 from fw_fairseq.tasks.language_modeling_stream import StreamLanguageModelingTask, StreamSegments
 
 

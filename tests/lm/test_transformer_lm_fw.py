@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from lm_factory import build_lm, decode_step_by_step, random_tokens
+from factories import build_lm, decode_step_by_step, random_tokens
 from fw_fairseq.models.transformer_lm_fw import CarriedState
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 
 SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-attention-heads", "2",
          "--decoder-ffn-embed-dim", "48"]
-RULES = [("elu", "delta"), ("dpfp", "sum"), ("favor", "delta")]
+RULES = [("elu", "delta"), ("dpfp", "sum"), ("favor", "delta"), ("dpfp", "gated_delta")]
 
 
 def fw(feature_map, rule):
@@ -39,7 +39,7 @@ def test_incremental_equals_full_forward(feature_map, rule):
     torch.testing.assert_close(decode_step_by_step(model, tokens), full, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("feature_map,rule", RULES[:2])
+@pytest.mark.parametrize("feature_map,rule", [r for r in RULES if r[0] != "favor"])
 def test_carried_state_equals_concatenated_sequence(feature_map, rule):
     model, d = build_lm("transformer_lm_fw_tiny",
                         SMALL + fw(feature_map, rule) + ["--no-token-positional-embeddings"])

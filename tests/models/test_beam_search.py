@@ -1,12 +1,14 @@
 """Beam search through fairseq's SequenceGenerator (what fairseq-generate runs): the model tells
 its cross-attention the beam size, so the source memory is built once per sentence, and the
 translations equal those of a per-hypothesis memory."""
+import dataclasses
+
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-import fw_fairseq.modules.fast_weight_attention as attention_module
-from fw_model_factory import build_model, random_tokens
+from factories import build_model, random_tokens
+from fw_fairseq.ops import RULES
 
 SENTENCES, BEAM = 3, 4
 
@@ -39,19 +41,20 @@ def assert_same_translations(got, expected):
 
 @pytest.fixture
 def memory_batches(monkeypatch):
-    """The batch size of every source memory written (one write per cross-attention layer)."""
+    """The batch size of every source memory written (one write per cross-attention layer): each
+    rule's record gets a counting write op for the models built while the fixture is active."""
     sizes = []
-    write = attention_module.fast_weight_write
+    for name, rule in list(RULES.items()):
+        def counting_write(phi_k, v, *scalars, write=rule.write):
+            sizes.append(phi_k.shape[0])
+            return write(phi_k, v, *scalars)
 
-    def counting_write(phi_k, v, beta):
-        sizes.append(phi_k.shape[0])
-        return write(phi_k, v, beta)
-
-    monkeypatch.setattr(attention_module, "fast_weight_write", counting_write)
+        monkeypatch.setitem(RULES, name, dataclasses.replace(rule, write=counting_write))
     return sizes
 
 
-@pytest.mark.parametrize("feature_map,rule", [("dpfp", "sum"), ("favor", "delta")])
+@pytest.mark.parametrize("feature_map,rule", [("dpfp", "sum"), ("favor", "delta"),
+                                              ("dpfp", "gated_delta")])
 def test_generator_builds_the_source_memory_once_per_sentence(feature_map, rule, memory_batches):
     model, d = build_model(fw_args(feature_map, rule))
     generator = SequenceGenerator([model], d, beam_size=BEAM, max_len_b=12)

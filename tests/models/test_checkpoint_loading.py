@@ -4,11 +4,12 @@ import argparse
 import logging
 
 import numpy as np
+import pytest
 import torch
 from fairseq import checkpoint_utils
 
 import fw_fairseq  # noqa: F401
-from fw_fairseq.models.checkpoints import RECORD, decode
+from fw_fairseq.models.checkpoints import RECORD, decode, encode
 
 
 def test_fairseq_loader_reads_namespace_and_numpy_metrics(tmp_path):
@@ -29,19 +30,26 @@ def test_fairseq_loader_reads_namespace_and_numpy_metrics(tmp_path):
 
 
 def test_state_dict_records_what_the_attention_computes():
-    from fw_model_factory import build_model
+    from factories import build_model
 
     model, _ = build_model(["--fw-feature-map", "favor", "--fw-update-rule", "delta",
                             "--fw-favor-features", "8", "--fw-dpfp-nu", "3"])
     assert decode(model.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
-        "--fw-update-rule": "delta", "--fw-favor-features": "8"}  # nu does not apply to favor
+        "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
+        "--fw-delta-beta-max": "1"}
+    summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
+                             "--fw-delta-beta-max", "2"])
+    # the sum rule has no beta: its record leaves the flag out
+    assert decode(summed.state_dict()[RECORD]) == {
+        "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
+        "--fw-update-rule": "sum"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
 
 
 def test_checkpoint_from_before_the_record_loads_with_one_warning(caplog):
-    from fw_model_factory import build_model
+    from factories import build_model
 
     old, _ = build_model(["--fw-feature-map", "elu"], seed=1)
     state = old.state_dict()
@@ -55,3 +63,31 @@ def test_checkpoint_from_before_the_record_loads_with_one_warning(caplog):
     assert torch.equal(model.encoder.layers[0].self_attn.q_proj.weight,
                        old.encoder.layers[0].self_attn.q_proj.weight)
 
+
+
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+def test_a_state_dict_of_another_beta_max_is_refused(rule):
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", rule]
+    trained, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
+    model, _ = build_model(fw)
+    with pytest.raises(SystemExit, match=r"error: the checkpoint was trained with "
+                                         r"--fw-delta-beta-max 2, not 1 \(its weights"):
+        model.load_state_dict(trained.state_dict())
+
+
+def test_a_delta_record_from_before_beta_max_means_beta_max_1():
+    """Records written before --fw-delta-beta-max existed lack it: they were trained with 1."""
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "delta"]
+    old, _ = build_model(fw)
+    state = old.state_dict()
+    settings = decode(state[RECORD])
+    del settings["--fw-delta-beta-max"]
+    state[RECORD] = encode(settings)
+    build_model(fw, seed=1)[0].load_state_dict(state)  # beta max 1: the same attention
+    two, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
+    with pytest.raises(SystemExit, match=r"--fw-delta-beta-max 1, not 2"):
+        two.load_state_dict(state)

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from fw_model_factory import build_model, random_tokens
+from factories import build_model, random_tokens
 
 STEPS = 2  # a second backward fails under DDP if any parameter went unused in the first
 

@@ -4,37 +4,29 @@ import itertools
 import pytest
 import torch
 
-from fw_model_factory import build_model, random_tokens
+from factories import build_model, decode_step_by_step, random_tokens
+from fw_fairseq.ops import FEATURE_MAPS, RULES
 
-RULES = ["sum", "delta"]
-MAPS = ["elu", "dpfp", "favor"]
-ALL = list(itertools.product(MAPS, RULES))
+# every feature map x rule, and the delta rules with beta in (0, 1) and in (0, 2)
+ALL = [(feature_map, rule, beta_max) for feature_map, rule in itertools.product(FEATURE_MAPS, RULES)
+       for beta_max in ((1, 2) if "beta" in RULES[rule].scalars else (1,))]
 
 
-def fw_args(feature_map, rule, places="all"):
+def fw_args(feature_map, rule, places="all", beta_max=1):
     return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
-            "--fw-favor-features", "24", "--fw-attention", places]
+            "--fw-favor-features", "24", "--fw-attention", places,
+            "--fw-delta-beta-max", str(beta_max)]
 
 
-def decode_step_by_step(model, encoder_out, prev, incremental_state):
-    """Logits [B, T, V], one decoder call per target position."""
-    steps = []
-    for t in range(prev.size(1)):
-        logits, _ = model.decoder(prev[:, : t + 1], encoder_out=encoder_out,
-                                  incremental_state=incremental_state)
-        steps.append(logits)
-    return torch.cat(steps, dim=1)
-
-
-@pytest.mark.parametrize("feature_map,rule", ALL)
-def test_incremental_equals_teacher_forced(feature_map, rule):
-    model, d = build_model(fw_args(feature_map, rule))
+@pytest.mark.parametrize("feature_map,rule,beta_max", ALL)
+def test_incremental_equals_teacher_forced(feature_map, rule, beta_max):
+    model, d = build_model(fw_args(feature_map, rule, beta_max=beta_max))
     g = torch.Generator().manual_seed(1)
     src, prev = random_tokens(d, 3, 9, g), random_tokens(d, 3, 7, g)
     lengths = torch.full((3,), 9)
     full, _ = model(src, lengths, prev)
     encoder_out = model.encoder(src, src_lengths=lengths)
-    stepwise = decode_step_by_step(model, encoder_out, prev, {})
+    stepwise = decode_step_by_step(model, prev, encoder_out)
     torch.testing.assert_close(stepwise, full, rtol=1e-9, atol=1e-9)
 
 
@@ -46,11 +38,12 @@ def test_incremental_with_some_softmax_blocks(places):
     full, _ = model(src, torch.full((2,), 6), prev)
     encoder_out = model.encoder(src, src_lengths=torch.full((2,), 6))
     # fairseq's softmax attention computes its softmax in float32 even for float64 inputs.
-    torch.testing.assert_close(decode_step_by_step(model, encoder_out, prev, {}), full,
+    torch.testing.assert_close(decode_step_by_step(model, prev, encoder_out), full,
                                rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("feature_map,rule", [("dpfp", "sum"), ("favor", "delta")])
+@pytest.mark.parametrize("feature_map,rule", [("dpfp", "sum"), ("favor", "delta"),
+                                              ("elu", "gated_delta")])
 def test_reorder_equals_decoding_permuted_batch(feature_map, rule):
     model, d = build_model(fw_args(feature_map, rule))
     g = torch.Generator().manual_seed(3)
@@ -61,7 +54,7 @@ def test_reorder_equals_decoding_permuted_batch(feature_map, rule):
 
     state = {}
     encoder_out = model.encoder(src, src_lengths=lengths)
-    decode_step_by_step(model, encoder_out, prev[:, :3], state)
+    decode_step_by_step(model, prev[:, :3], encoder_out, state)
     model.decoder.reorder_incremental_state_scripting(state, new_order)
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
     tail = []
@@ -89,23 +82,7 @@ def test_state_size_does_not_grow_with_output_length():
     assert len(set(sizes)) == 1, sizes
 
 
-def test_cross_attention_cache_equals_recomputation():
-    model, d = build_model(fw_args("elu", "sum"))
-    attn = model.decoder.layers[0].encoder_attn
-    g = torch.Generator().manual_seed(5)
-    src = random_tokens(d, 2, 7, g)
-    encoder_out = model.encoder(src, src_lengths=torch.full((2,), 7))
-    memory_in = encoder_out["encoder_out"][0]  # [S, B, C]
-    queries = torch.randn(3, 2, 32, dtype=torch.float64, generator=g)  # [T, B, C]
-    state = {}
-    cached = [attn(queries[t: t + 1], memory_in, memory_in, incremental_state=state,
-                   static_kv=True)[0] for t in range(3)]
-    recomputed, _ = attn(queries, memory_in, memory_in, static_kv=True)
-    assert "memory" in attn._get_input_buffer(state)
-    torch.testing.assert_close(torch.cat(cached), recomputed, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("rule", ["sum", "delta"])
+@pytest.mark.parametrize("rule", RULES)
 def test_beam_layout_keeps_one_source_memory_per_sentence(rule):
     """With fairseq's beam layout (set_beam_size), the cross-attention memory is stored once per
     sentence; decoding, beam reordering, pruning finished sentences and an order that mixes
@@ -119,7 +96,7 @@ def test_beam_layout_keeps_one_source_memory_per_sentence(rule):
     lengths = torch.full((sentences * beam,), 7)
     state = {}
     encoder_out = model.encoder(src, src_lengths=lengths)
-    decode_step_by_step(model, encoder_out, prev[:, :2], state)
+    decode_step_by_step(model, prev[:, :2], encoder_out, state)
     memory = model.decoder.layers[0].encoder_attn._get_input_buffer(state)["memory"]
     assert memory.shape[0] == sentences
     # step 3: beams swap within their sentences; step 4: sentences 1 and 3 finish (pruned);

@@ -4,13 +4,13 @@ import re
 import pytest
 import torch
 
-from fw_model_factory import build_model, parse_model_args, random_tokens
+from factories import build_model, parse_model_args, random_tokens
 
 FW = ["--fw-dpfp-nu", "2", "--fw-favor-features", "24"]
 
 
 @pytest.mark.parametrize("feature_map,rule", [("elu", "sum"), ("dpfp", "delta"), ("favor", "sum"),
-                                              ("favor", "delta")])
+                                              ("favor", "delta"), ("dpfp", "gated_delta")])
 def test_left_padded_batch_equals_each_sentence_alone(feature_map, rule):
     model, d = build_model(FW + ["--fw-feature-map", feature_map, "--fw-update-rule", rule])
     g = torch.Generator().manual_seed(0)
@@ -39,7 +39,8 @@ def test_right_padded_targets_do_not_touch_real_positions():
 
 @pytest.mark.parametrize("flag,value,allowed", [
     ("--fw-feature-map", "relu", "elu"),
-    ("--fw-update-rule", "hebb", "sum"),
+    ("--fw-update-rule", "hebb", "'sum', 'delta', 'gated_delta'"),
+    ("--fw-delta-beta-max", "3", "allowed: 1 or 2"),
     ("--fw-attention", "encoder,ffn", "encoder,decoder,cross"),
     ("--fw-favor-features", "0", ">= 1"),
     ("--fw-dpfp-nu", "-1", ">= 1"),
@@ -86,8 +87,9 @@ def test_model_help_documents_the_flags():
     FastWeightTransformerModel.add_args(parser)
     out = parser.format_help()
     for flag in ["--fw-feature-map", "--fw-update-rule", "--fw-dpfp-nu", "--fw-favor-features",
-                 "--fw-attention"]:
+                 "--fw-attention", "--fw-delta-beta-max"]:
         assert flag in out
+    assert "gated_delta" in out and "alpha starts near 1" in out
 
 
 def test_favor_projection_is_saved_redrawn_in_training_fixed_in_eval():

@@ -1,0 +1,79 @@
+"""Build small plugin models through fairseq's real argument parser, without a data dir: the one
+test model factory of tests/models, tests/modules and tests/lm (their conftest puts tests/ on
+sys.path).
+
+fairseq's build_model needs only the task's dictionaries, so the tests hand it a tiny namespace
+holding real fairseq Dictionaries.
+"""
+from types import SimpleNamespace
+
+import torch
+from fairseq import options
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_MODEL_REGISTRY
+
+import fw_fairseq  # noqa: F401  (registers the models)
+
+VOCAB = 24
+# transformer_fw_small cut down: 2+2 layers, 32 dim, 2 heads (d_key 16), FFN 48
+SMALL_TRANSLATION = ["--arch", "transformer_fw_small",
+                     "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+                     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+                     "--encoder-ffn-embed-dim", "48", "--decoder-ffn-embed-dim", "48",
+                     "--encoder-layers", "2", "--decoder-layers", "2"]
+
+
+def make_dictionary(size=VOCAB):
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def parse_args(task, model_args):
+    """fairseq-train's parser on `--task task` and the model flags, dropout off."""
+    parser = options.get_training_parser()
+    argv = ["data-unused", "--task", task, "--dropout", "0", "--attention-dropout", "0",
+            *model_args]
+    return options.parse_args_and_arch(parser, argv)
+
+
+def _build(args, dtype):
+    dictionary = make_dictionary()
+    task = SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task)
+    return model.to(dtype).eval(), dictionary
+
+
+def parse_model_args(extra):
+    """The small translation model's arguments, with `extra` flags."""
+    return parse_args("translation", SMALL_TRANSLATION + list(extra))
+
+
+def build_model(extra=(), dtype=torch.float64, seed=0):
+    """A 2+2 layer, 32-dim, 2-head (d_key 16) transformer_fw in eval mode, and its dictionary."""
+    torch.manual_seed(seed)
+    return _build(parse_model_args(extra), dtype)
+
+
+def build_lm(arch, extra=(), dtype=torch.float64, seed=0):
+    """A language model of `arch` built by the language_modeling task's parser, in eval mode."""
+    torch.manual_seed(seed)
+    return _build(parse_args("language_modeling", ["--arch", arch, *extra]), dtype)
+
+
+def random_tokens(dictionary, bsz, length, generator):
+    """[B, T] tokens drawn from the real symbols (no pad/eos/unk)."""
+    return torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=generator)
+
+
+def decode_step_by_step(model, tokens, encoder_out=None, incremental_state=None):
+    """Logits [B, T, V] with one incremental decoder call per position (reading `encoder_out`
+    for a translation model), carrying `incremental_state` (a fresh one if None)."""
+    state = {} if incremental_state is None else incremental_state
+    steps = []
+    for t in range(tokens.size(1)):
+        kwargs = {} if encoder_out is None else {"encoder_out": encoder_out}
+        logits, _ = model.decoder(tokens[:, : t + 1], incremental_state=state, **kwargs)
+        steps.append(logits)
+    return torch.cat(steps, dim=1)
