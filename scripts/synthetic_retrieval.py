@@ -36,6 +36,8 @@ SETTING1_MODELS = {
 SETTING2_MODELS = {
     "sum": ("dpfp", "sum", 1, {}),
     "ours (delta)": ("dpfp", "delta", 1, {}),
+    # beyond the paper: Gated DeltaNet's decay (Yang et al. 2024), alpha = sigmoid(w x + 5) ~ 1 at start
+    "gated delta": ("dpfp", "gated_delta", 1, {}),
     # the authors' code trains the tanh FWM with lr 1e-4 and batch 128 ("necessary for FWM")
     "schlag2021": ("tanh", "schlag", None, {"lr": 1e-4, "batch_size": 128}),
     "schlag2021+dpfp": ("dpfp", "schlag", 1, {}),
