@@ -1,5 +1,6 @@
 """The fast-weight options of one model, parsed and validated once from fairseq's args."""
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def positive_int(flag: str):
     return parse
 
 
-def beta_max(text: str) -> int:
+def parse_beta_max(text: str) -> int:
     if text.strip() not in [str(m) for m in BETA_MAX]:
         raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: "
                                          f"{' or '.join(map(str, BETA_MAX))}")
@@ -81,8 +82,9 @@ def add_fast_weight_args(parser):
                             "delta: the paper's delta rule with learned beta and sum-normalised phi; "
                             "gated_delta: the delta rule with a learned decay alpha = "
                             "sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
-                            f"{GATE_BIAS_INIT:g} so that alpha starts near 1 (0.993)")
-    group.add_argument("--fw-delta-beta-max", type=beta_max, metavar="{1,2}",
+                            f"{GATE_BIAS_INIT:g} so that alpha starts near 1 "
+                            f"({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f})")
+    group.add_argument("--fw-delta-beta-max", type=parse_beta_max, metavar="{1,2}",
                        help="beta = max * sigmoid(w_beta^T x) of the delta rules: 1 keeps beta in "
                             "(0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi "
                             "et al. 2024); the sum rule has no beta and ignores it")

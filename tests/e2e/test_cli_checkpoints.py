@@ -22,6 +22,7 @@ def dpfp_checkpoint(data_bin, tmp_path_factory):
 @pytest.mark.parametrize("changed,refusal", [
     (["--fw-feature-map", "elu"], "--fw-feature-map dpfp, not elu"),
     (["--fw-dpfp-nu", "2"], "--fw-dpfp-nu 1, not 2"),
+    (["--fw-delta-beta-max", "2"], "--fw-delta-beta-max 1, not 2"),
     (["--fw-attention", "encoder,decoder"],
      "--fw-attention encoder,decoder,cross, not encoder,decoder"),
 ])
