@@ -16,6 +16,17 @@ void launch_col(ColMode mode, const at::Tensor& q, const at::Tensor& k, const at
                 const at::Tensor& state_out,
                 const at::Tensor& out, const at::Tensor& aux, bool reverse);
 
+// launch_col's arguments as one bundle, for the per-mode launchers.
+struct ColTensors {
+  const at::Tensor &q, &k, &v, &beta, &alpha, &state_in, &state_out, &out, &aux;
+  bool reverse;
+};
+
+// One mode of launch_col, instantiated in its rule's own file (columns_sum.cu, columns_delta.cu,
+// columns_gated.cu) so that a parallel build compiles the three at once (col_launch.cuh).
+template <ColMode kMode>
+void launch_col_mode(const ColTensors& t);
+
 // The (gated, if alpha is defined) delta rule's dq, dk, dbeta from the rows of W (forward sweep) and
 // of dL/dW (reverse sweep), given vbar (k(Gated)Delta's aux) and du (k(Gated)DeltaGrad's aux), both
 // [B, H, T, M] in acc_t. dk_part [B, H, T, E] (acc_t) is scratch that carries

@@ -68,7 +68,7 @@ def builds(tmp_path_factory):
     """{source name: nvcc's CompletedProcess} for every source in cuda/, compiled once for both tests."""
     tmp_path = tmp_path_factory.mktemp("nvcc")
     sources = sorted(CUDA_DIR.glob("*.cu")) + sorted(CUDA_DIR.glob("*.cpp"))
-    assert {s.name for s in sources} >= {"columns.cu", "rows.cu", "step.cu", "fast_weight.cpp"}
+    assert {s.name for s in sources} >= {"columns.cu", "columns_sum.cu", "columns_delta.cu", "columns_gated.cu", "rows.cu", "step.cu", "fast_weight.cpp"}
     flags = ["-std=c++20", *_include_flags(tmp_path)]  # device code is optimised by default, host at -O0
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return dict(pool.map(lambda s: _compile(s, flags, tmp_path), sources))
