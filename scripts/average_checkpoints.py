@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.models.checkpoints import NOT_AVERAGED, RECORD, decode
-from fw_fairseq.modules.fast_weight_config import FastWeightConfig
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, with_later_flags
 
 _EPOCH_CKPT = re.compile(r"checkpoint(\d+)\.pt")
 
@@ -48,8 +48,8 @@ def load(path):
 def attention_settings(state):
     """The --fw-* flags that decide what a checkpoint's attention computes (None: not one of the
     plugin's models); from its record, or from its args if it predates the record."""
-    if RECORD in state["model"]:
-        return decode(state["model"][RECORD])
+    if RECORD in state["model"]:  # a record older than a flag holds the value models had before it
+        return with_later_flags(decode(state["model"][RECORD]))
     args = (state.get("cfg") or {}).get("model") or state.get("args")
     if getattr(args, "fw_feature_map", None) is None:
         return None

@@ -130,3 +130,19 @@ def test_table1_cli_tokenised_bleu_and_other_checkpoints(tmp_path):
                     "--checkpoint", "avg_last5.pt", "--output", out], check=True)
     text = out.read_text()
     assert "| Standard | – (26.6) |  |  | 29.0 (27.7) |" in text and "tokenised BLEU" in text
+
+
+def test_average_checkpoints_reads_an_older_record_at_the_values_it_implies(tmp_path):
+    """A delta-rule record written before --fw-delta-beta-max existed means beta max 1: averaging it with
+    a beta-max-2 checkpoint is refused like any other difference."""
+    args = argparse.Namespace(arch="transformer_fw_small", fw_attention="encoder,decoder,cross",
+                              fw_feature_map="dpfp", fw_update_rule="delta", fw_dpfp_nu=1,
+                              fw_favor_features=16, fw_delta_beta_max=2)
+    new = FastWeightConfig.from_args(args).settings()
+    old = {flag: value for flag, value in new.items() if flag != "--fw-delta-beta-max"}
+    for name, settings in (("new.pt", new), ("old.pt", old)):
+        torch.save({"model": {"encoder.fc.weight": torch.ones(2, 3), RECORD: encode(settings)},
+                    "cfg": {"model": args}, "args": None}, tmp_path / name)
+    with pytest.raises(ValueError, match="old.pt was trained with --fw-delta-beta-max 1, .*new.pt with "
+                                         "--fw-delta-beta-max 2"):
+        average_checkpoints.average([tmp_path / "new.pt", tmp_path / "old.pt"])
