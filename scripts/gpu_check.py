@@ -109,14 +109,17 @@ class Check:
         }
 
     def stamps(self):
-        """{step: (stamp file, digest of what it builds from)} for the steps a warm machine may skip."""
+        """{step: (stamp file, what it was built from)} for the steps a warm machine may skip: the
+        digest of the sources and the Python that built them (another interpreter needs its own build)."""
         cuda_sources = [*(REPO / "cuda").iterdir(), REPO / "setup.py"]
         kit_files = [p for p in self.kit.iterdir() if p.is_file()] if self.kit.is_dir() else []
-        return {"install_kit": (self.site / ".kit", digest(*[p for p in kit_files if p.suffix == ".whl"])),
-                "build_fairseq": (self.site / ".fairseq", digest(*[p for p in kit_files if "fairseq" in p.name])),
-                "build_extension": (REPO / "fw_fairseq" / ".cuda_build", digest(*cuda_sources)),
-                "build_fast_transformers": (self.site / ".fast_transformers",
-                                            digest(*[p for p in kit_files if "fast-transformers" in p.name]))}
+        python = f"{sys.executable} {platform.python_version()}"
+        stamps = {"install_kit": (self.site / ".kit", [p for p in kit_files if p.suffix == ".whl"]),
+                  "build_fairseq": (self.site / ".fairseq", [p for p in kit_files if "fairseq" in p.name]),
+                  "build_extension": (REPO / "fw_fairseq" / ".cuda_build", cuda_sources),
+                  "build_fast_transformers": (self.site / ".fast_transformers",
+                                              [p for p in kit_files if "fast-transformers" in p.name])}
+        return {step: (stamp, f"{python} {digest(*files)}") for step, (stamp, files) in stamps.items()}
 
     def run(self, steps):
         commands, stamps = self.commands(), self.stamps()
