@@ -71,7 +71,10 @@ class Check:
         self.deadline = time.monotonic() + args.budget_s - SUMMARY_RESERVE_S
         self.record = {"part": args.part, "commit": os.environ.get("FW_COMMIT") or git_commit(),
                        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "environment": {}, "steps": []}
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.site), str(REPO)]),
+        # fairseq runs from its built source tree (build_fairseq); a missing folder on the path is harmless,
+        # and a step run alone (--only bench_fairseq on a warm machine) still finds it
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.site / "fairseq-src"), str(self.site),
+                                                                str(REPO)]),
                         PATH=os.pathsep.join([str(self.site / "bin"), os.environ.get("PATH", "")]),
                         PYTHONUNBUFFERED="1")
         cuda_home = find_cuda_home()
@@ -124,8 +127,6 @@ class Check:
     def run(self, steps):
         commands, stamps = self.commands(), self.stamps()
         self.out.mkdir(parents=True, exist_ok=True)
-        if "build_fairseq" in [s.name for s in steps]:
-            self.env["PYTHONPATH"] = os.pathsep.join([str(self.site / "fairseq-src"), self.env["PYTHONPATH"]])
         for step in steps:
             left = self.deadline - time.monotonic()
             entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name])}

@@ -179,7 +179,7 @@ def check(lock=LOCK, node=NODE):
         elif normalise(pin.name) not in requires:
             problems.append(f"{pin.name} {pin.version}: no cp312 manylinux x86_64 wheel resolved")
     requires["fairseq-fixed"] = FAIRSEQ_REQUIRES
-    versions = {normalise(p.name): p.version for p in pins} | {k: v for k, v in present.items()}
+    versions = {normalise(p.name): p.version for p in pins} | present
     for owner, reqs in requires.items():
         for line in reqs:
             r = Requirement(line)
