@@ -8,7 +8,8 @@ One module serves the three places of a Transformer; which one is fixed at const
 
 What the attention computes comes from two places of fw_fairseq.ops, never decided here:
 - the feature map phi, one FeatureMap object built by the ops' factory from the flags;
-- the update rule's record (ops.RULES): its causal op, whether phi is sum-normalised, whether the
+- the update rule's record (ops.RULES) of this block (--fw-{place}-rule, else --fw-update-rule): its
+  causal op, whether phi is normalised (sum or L2 by --fw-delta-norm, ops.PHI_NORMS), whether the
   values carry the z column (y = W^T phi(q) / (z . phi(q) + eps)), and its per-position scalars.
   This module learns each scalar from the key-side input x_t, per head:
     beta_t  = beta_max * sigmoid(w_beta^T x_t + b)    (write strength; --fw-delta-beta-max)
@@ -24,11 +25,13 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
+from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
 from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, regroup, source_beam
-from fw_fairseq.ops import (RULES, append_z_column, divide_by_z, fast_weight_attend, fast_weight_read,
-                            feature_map, sum_normalize)
+from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
+                            fast_weight_read, feature_map)
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
+PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -64,9 +67,11 @@ class FastWeightAttention(nn.Module):
         self.path = CROSS if encoder_decoder_attention else CAUSAL if causal else ENCODER
         self.beam_size = 1  # set by fairseq's generator (set_beam_size)
         self.feature_map = config.feature_map
-        self.update_rule = config.update_rule
-        self.rule = RULES[config.update_rule]
+        self.update_rule = config.rule(PLACE[self.path])  # --fw-{place}-rule or --fw-update-rule
+        self.rule = RULES[self.update_rule]
         self.beta_max = config.beta_max
+        self.beta_bias = config.beta_bias
+        self.phi_norm = PHI_NORMS[config.delta_norm]  # used where the rule normalises phi
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(self.kdim, embed_dim)
@@ -95,6 +100,8 @@ class FastWeightAttention(nn.Module):
             nn.init.xavier_uniform_(proj.weight, gain=gain)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
+        if "beta" in self.rule.scalars:
+            nn.init.constant_(self.beta_proj.bias, self.beta_bias)  # --fw-beta-bias
         if "alpha" in self.rule.scalars:
             # alpha starts near 1 (sigmoid(5) = 0.993): training starts near the delta rule
             nn.init.constant_(self.alpha_proj.bias, GATE_BIAS_INIT)
@@ -107,9 +114,9 @@ class FastWeightAttention(nn.Module):
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3).to(dtype)
 
     def _features(self, x: Tensor, dtype: torch.dtype, is_query: bool) -> Tensor:
-        """[T, B, C] -> phi [B, H, T, E], sum-normalised where the rule says so."""
+        """[T, B, C] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
         phi = self.phi(self._heads(x, dtype), is_query=is_query)
-        return sum_normalize(phi) if self.rule.sum_normalised else phi
+        return self.phi_norm(phi) if self.rule.normalised_phi else phi
 
     def _project(self, x: Tensor) -> Projected:
         """Projections of the written positions x [S, B, C]."""
@@ -184,7 +191,7 @@ class FastWeightAttention(nn.Module):
             if cached:
                 o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
             elif self.path == CAUSAL:
-                o = self._causal(phi_q, writes, buffer, incremental_state)
+                o = self._causal(phi_q, projected, writes, key_padding_mask, buffer, incremental_state)
             else:
                 # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
                 # may pick (q k^T) v for short sequences
@@ -192,15 +199,52 @@ class FastWeightAttention(nn.Module):
             o = self._merge(o)
         return self.out_proj(o.to(q.dtype)), None
 
-    def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
-        """Decoder self-attention: position t reads W_t; generation carries the state in the buffer."""
-        state = buffer.get("state") if buffer is not None else None
-        o, state = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars, initial_state=state,
-                                    output_final_state=buffer is not None)
-        if buffer is not None:
-            buffer["state"] = state  # [B, H, E, D(+1)]: fixed size, whatever the output length
-            self._set_input_buffer(incremental_state, buffer)
+    def _causal(self, phi_q: Tensor, projected: Projected, writes: Writes,
+                key_padding_mask: Optional[Tensor], buffer, incremental_state) -> Tensor:
+        """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the
+        lazy cache (raw keys and writes, decoder_state.py) while a step over it moves fewer values
+        than the [E, M] state, or the state: the buffer holds whichever is live."""
+        if buffer is None:
+            return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
+        keys = buffer.get("keys")  # [B, t-1, C] while the cache is live
+        length = phi_q.size(2) + (0 if keys is None else keys.size(1))
+        if ("state" not in buffer and phi_q.size(2) == 1
+                and fits(length, self.head_dim, writes.v.size(-1), self.phi.out_dim)):
+            o = self._lazy_step(phi_q, projected, writes, key_padding_mask, buffer)
+        else:
+            state = buffer["state"] if "state" in buffer else self._fold(buffer)
+            o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
+                                                  initial_state=state, output_final_state=True)
+        self._set_input_buffer(incremental_state, buffer)
         return o
+
+    def _lazy_step(self, phi_q: Tensor, projected: Projected, writes: Writes,
+                   key_padding_mask: Optional[Tensor], buffer) -> Tensor:
+        """One decoding step from the cache; appends this position's raw key and write."""
+        keys = buffer.get("keys")
+        # phi of the past keys from their raw projections, [t-1, B, C] -> [B, H, t-1, E]
+        phi_past = None if keys is None else self._features(keys.transpose(0, 1), writes.v.dtype,
+                                                             is_query=False)
+        v = writes.v
+        if key_padding_mask is not None:
+            # phi is recomputed unmasked from the raw keys, so a padded position must write u = 0
+            v = v.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)  # [B, 1, 1, 1] mask
+        o, buffer["writes"], decay = lazy_step(phi_q, writes.phi_k, v, phi_past, buffer.get("writes"),
+                                               buffer.get("decay"), *writes.scalars)
+        if decay is not None:
+            buffer["decay"] = decay
+        key = projected.k.transpose(0, 1)  # [1, B, C] -> [B, 1, C]: batch first, as beam reordering wants
+        buffer["keys"] = key if keys is None else torch.cat([keys, key], dim=1)  # [B, t, C]
+        return o
+
+    def _fold(self, buffer) -> Optional[Tensor]:
+        """The lazy cache folded into the state [B, H, E, M] (None if empty), once; the cache leaves
+        the buffer."""
+        keys, writes, decay = (buffer.pop(name, None) for name in ("keys", "writes", "decay"))
+        if keys is None:
+            return None
+        phi_k = self._features(keys.transpose(0, 1), writes.dtype, is_query=False)  # [B, H, t, E]
+        return fold(phi_k, writes, decay)
 
     def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
                      incremental_state) -> Tensor:

@@ -1,0 +1,89 @@
+"""The lazy decoding state of the decoder self-attention (fw_fairseq/modules/decoder_state.py):
+token-by-token decoding equals teacher forcing (float64) before, at and after the step where the
+cache of raw keys and writes is folded into the [E, M] state, for every feature map x rule, with
+beam reordering on both sides of the switch and left-padded sources and targets."""
+import itertools
+
+import pytest
+import torch
+
+from factories import build_model, random_tokens
+from fw_fairseq.ops import FEATURE_MAPS, RULES
+
+BSZ, SRC_LEN = 3, 7
+
+
+def fw_args(feature_map, rule):
+    # no positional embeddings: fairseq's incremental positions ignore left padding of the targets
+    # (teacher forcing counts only real tokens), which would differ for reasons outside attention
+    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
+            "--fw-favor-features", "24", "--no-token-positional-embeddings"]
+
+
+def switch_step(attention):
+    """The first decoding step (1-based) whose cache of t positions would read more values,
+    t (d + M), than the [E, M] state: E M // (d + M) + 1, from the layer's shapes."""
+    d, E = attention.head_dim, attention.phi.out_dim
+    M = d + 1 if attention.rule.z_column else d
+    return E * M // (d + M) + 1
+
+
+def left_padded(d, lengths, width, g):
+    tokens = torch.full((len(lengths), width), d.pad())
+    for i, n in enumerate(lengths):
+        tokens[i, width - n:] = random_tokens(d, 1, n, g)[0]
+    return tokens
+
+
+@pytest.mark.parametrize("feature_map,rule", list(itertools.product(FEATURE_MAPS, RULES)))
+def test_lazy_decoding_equals_teacher_forcing_across_the_switch(feature_map, rule):
+    model, d = build_model(fw_args(feature_map, rule))
+    attention = model.decoder.layers[0].self_attn
+    switch = switch_step(attention)
+    steps = switch + 3
+    g = torch.Generator().manual_seed(0)
+    src = left_padded(d, [7, 5, 3], SRC_LEN, g)
+    src_lengths = torch.tensor([7, 5, 3])
+    prev = left_padded(d, [steps, steps - 2, steps - 5], steps, g)  # targets padded on the left too
+    # reorders (repeating and dropping rows) before step 3 (cache live), before the switch step
+    # (the cache is reordered, then folded) and two steps after it (the state is reordered)
+    reorders = {2: torch.tensor([2, 0, 0]), switch - 1: torch.tensor([1, 2, 1]),
+                switch + 1: torch.tensor([0, 0, 2])}
+    order, state = torch.arange(BSZ), {}
+    encoder_out = model.encoder(src, src_lengths=src_lengths)
+    stepwise, expected = [], {}
+    for t in range(steps):
+        if t in reorders:
+            model.decoder.reorder_incremental_state_scripting(state, reorders[t])
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, reorders[t])
+            order = order[reorders[t]]
+        key = tuple(order.tolist())
+        if key not in expected:
+            expected[key] = model(src[order], src_lengths[order], prev[order])[0]
+        logits, _ = model.decoder(prev[order, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        stepwise.append((logits[:, -1], expected[key][:, t]))
+        buffer = attention._get_input_buffer(state)
+        lazy = t + 1 < switch  # step t + 1 (1-based) just ran
+        assert ("keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
+        assert ("decay" in buffer) == (lazy and rule == "gated_delta")
+        if lazy:
+            assert buffer["keys"].shape == (BSZ, t + 1, attention.embed_dim)
+    for t, (got, want) in enumerate(stepwise):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m: f"step {t + 1}: {m}")
+
+
+@pytest.mark.parametrize("feature_map,rule", [("dpfp", "delta"), ("elu", "sum")])
+def test_memory_grows_until_the_switch_then_stays_flat(feature_map, rule):
+    model, d = build_model(fw_args(feature_map, rule))
+    attention = model.decoder.layers[0].self_attn
+    switch = switch_step(attention)
+    g = torch.Generator().manual_seed(4)
+    src, prev = random_tokens(d, 2, 5, g), random_tokens(d, 2, switch + 6, g)
+    encoder_out = model.encoder(src, src_lengths=torch.full((2,), 5))
+    state, sizes = {}, []
+    for t in range(prev.size(1)):
+        model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        sizes.append(sum(x.numel() for x in attention._get_input_buffer(state).values()))
+    lazy, folded = sizes[: switch - 1], sizes[switch - 1:]
+    assert lazy == sorted(set(lazy)), lazy  # the cache grows by one position per step
+    assert len(set(folded)) == 1 and folded[0] >= lazy[-1], sizes  # then the fixed-size state
