@@ -6,10 +6,11 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
-from fw_fairseq.ops import FEATURE_MAPS, RULES
+from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 UPDATE_RULES = tuple(RULES)
 PLACES = ("encoder", "decoder", "cross")
+DELTA_NORMS = tuple(PHI_NORMS)
 BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
 # The gate's bias starts at 5: alpha = sigmoid(5) = 0.993, so training starts near the delta rule.
 GATE_BIAS_INIT = 5.0
@@ -68,6 +69,15 @@ def parse_beta_max(text: str) -> int:
     return int(text)
 
 
+def parse_rule(flag: str):
+    def parse(text: str) -> str:
+        if text not in UPDATE_RULES:
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}")
+        return text
+
+    return parse
+
+
 def add_fast_weight_args(parser):
     """The `--fw-*` flags; fairseq shows them in the model's group of --help.
 
@@ -84,6 +94,18 @@ def add_fast_weight_args(parser):
                             "sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
                             f"{GATE_BIAS_INIT:g} so that alpha starts near 1 "
                             f"({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f})")
+    for place, where in (("encoder", "encoder self-attention"), ("decoder", "decoder self-attention"),
+                         ("cross", "encoder-decoder attention")):
+        group.add_argument(f"--fw-{place}-rule", type=parse_rule(f"--fw-{place}-rule"),
+                           metavar="{" + ",".join(UPDATE_RULES) + "}",
+                           help=f"the update rule of {where} (default: --fw-update-rule)")
+    group.add_argument("--fw-delta-norm", choices=DELTA_NORMS,
+                       help="normalisation of phi(k) and phi(q) in the delta rules: sum (phi/sum(phi), "
+                            "the paper) or l2 (phi/||phi||, DeltaNet: a write at beta = 1 overwrites "
+                            "exactly); the sum rule divides by z instead and ignores it")
+    group.add_argument("--fw-beta-bias", type=float, metavar="B",
+                       help="initial bias of the delta rules' beta projection: beta starts at "
+                            "max*sigmoid(B) (default 0: beta = max/2); ignored by the sum rule")
     group.add_argument("--fw-delta-beta-max", type=parse_beta_max, metavar="{1,2}",
                        help="beta = max * sigmoid(w_beta^T x) of the delta rules: 1 keeps beta in "
                             "(0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi "
@@ -99,8 +121,14 @@ def add_fast_weight_args(parser):
 
 
 def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
-                             favor_features=128, places="all", beta_max=1):
-    """Architecture defaults; command-line values win (fairseq's getattr convention)."""
+                             favor_features=128, places="all", beta_max=1, delta_norm="sum"):
+    """Architecture defaults; command-line values win (fairseq's getattr convention). The per-block
+    rules stay None (they follow --fw-update-rule) so that a record of them is written only when set."""
+    for place in PLACES:
+        setattr(args, f"fw_{place}_rule", getattr(args, f"fw_{place}_rule", None))
+    args.fw_delta_norm = getattr(args, "fw_delta_norm", None) or delta_norm
+    if getattr(args, "fw_beta_bias", None) is None:
+        args.fw_beta_bias = 0.0
     args.fw_feature_map = getattr(args, "fw_feature_map", None) or feature_map
     args.fw_update_rule = getattr(args, "fw_update_rule", None) or update_rule
     args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or dpfp_nu
@@ -138,47 +166,77 @@ class FastWeightConfig:
     favor_features: int
     places: FrozenSet[str]
     beta_max: int = 1
+    # (place, rule) for the blocks whose --fw-{place}-rule was given; the others use update_rule
+    block_rules: Tuple[Tuple[str, str], ...] = ()
+    delta_norm: str = "sum"
+    beta_bias: float = 0.0
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
-        # args saved before --fw-delta-beta-max existed were trained with beta max 1
+        # args saved before a flag existed were trained at its old behaviour: beta max 1, no
+        # per-block rules, sum normalisation, beta bias 0
+        block_rules = tuple((place, getattr(args, f"fw_{place}_rule", None)) for place in PLACES
+                            if getattr(args, f"fw_{place}_rule", None) is not None)
         config = cls(args.fw_feature_map, args.fw_update_rule, int(args.fw_dpfp_nu),
                      int(args.fw_favor_features), places_set(args.fw_attention),
-                     int(getattr(args, "fw_delta_beta_max", None) or 1))
+                     int(getattr(args, "fw_delta_beta_max", None) or 1), block_rules,
+                     getattr(args, "fw_delta_norm", None) or "sum",
+                     float(getattr(args, "fw_beta_bias", None) or 0.0))
         config.check()
         return config
 
     def check(self):
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"--fw-feature-map got {self.feature_map!r}; allowed: {FEATURE_MAPS}")
-        if self.update_rule not in UPDATE_RULES:
-            raise ValueError(f"--fw-update-rule got {self.update_rule!r}; allowed: {UPDATE_RULES}")
+        for flag, rule in (("--fw-update-rule", self.update_rule),
+                           *((f"--fw-{place}-rule", rule) for place, rule in self.block_rules)):
+            if rule not in UPDATE_RULES:
+                raise ValueError(f"{flag} got {rule!r}; allowed: {UPDATE_RULES}")
         if self.beta_max not in BETA_MAX:
             raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
+        if self.delta_norm not in DELTA_NORMS:
+            raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
 
     def uses(self, place: str) -> bool:
         return place in self.places
 
+    def rule(self, place: str) -> str:
+        """The update rule of a block: its --fw-{place}-rule, else --fw-update-rule."""
+        return dict(self.block_rules).get(place, self.update_rule)
+
     def settings(self) -> Dict[str, str]:
         """What the attention computes, as the flags that set it: the weights of a checkpoint
-        fit only these. Flags that do not apply (--fw-dpfp-nu under elu) are left out."""
+        fit only these. Flags that do not apply (--fw-dpfp-nu under elu) are left out; the rules
+        are recorded as --fw-update-rule when every fast-weight block has the same one, else one
+        --fw-{place}-rule per fast-weight block (however the command line spelled it)."""
         out = {"--fw-attention": ",".join(p for p in PLACES if p in self.places) or "none"}
-        if self.places:
-            out["--fw-feature-map"] = self.feature_map
-            out["--fw-update-rule"] = self.update_rule
-            if self.feature_map == "dpfp":
-                out["--fw-dpfp-nu"] = str(self.dpfp_nu)
-            if self.feature_map == "favor":
-                out["--fw-favor-features"] = str(self.favor_features)
-            if "beta" in RULES[self.update_rule].scalars:
-                out["--fw-delta-beta-max"] = str(self.beta_max)
+        if not self.places:
+            return out
+        out["--fw-feature-map"] = self.feature_map
+        rules = {place: self.rule(place) for place in PLACES if place in self.places}
+        if len(set(rules.values())) == 1:
+            out["--fw-update-rule"] = next(iter(rules.values()))
+        else:
+            out.update({f"--fw-{place}-rule": rule for place, rule in rules.items()})
+        if self.feature_map == "dpfp":
+            out["--fw-dpfp-nu"] = str(self.dpfp_nu)
+        if self.feature_map == "favor":
+            out["--fw-favor-features"] = str(self.favor_features)
+        if any("beta" in RULES[rule].scalars for rule in rules.values()):
+            out["--fw-delta-beta-max"] = str(self.beta_max)
+        if any(RULES[rule].normalised_phi for rule in rules.values()):
+            out["--fw-delta-norm"] = self.delta_norm
         return out
 
 
 def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
     """A settings record completed with the flags recorded only since it was written, at the
-    value every model had before them: a delta-rule record without --fw-delta-beta-max is 1."""
-    rule = settings.get("--fw-update-rule")
-    if rule in RULES and "beta" in RULES[rule].scalars and "--fw-delta-beta-max" not in settings:
-        return {**settings, "--fw-delta-beta-max": "1"}
+    value every model had before them: a delta-rule record without --fw-delta-beta-max is 1, without
+    --fw-delta-norm sum."""
+    rules = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
+    rules = [RULES[rule] for rule in rules if rule in RULES]
+    if any("beta" in rule.scalars for rule in rules) and "--fw-delta-beta-max" not in settings:
+        settings = {**settings, "--fw-delta-beta-max": "1"}
+    if any(rule.normalised_phi for rule in rules) and "--fw-delta-norm" not in settings:
+        settings = {**settings, "--fw-delta-norm": "sum"}
     return settings

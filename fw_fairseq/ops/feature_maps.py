@@ -1,4 +1,4 @@
-"""Feature maps phi: R^d -> R^E_{>=0} that linearise attention (paper §5), and sum normalisation.
+"""Feature maps phi: R^d -> R^E_{>=0} that linearise attention (paper §5), and their normalisations.
 
 All maps act on the last dimension and keep every leading dimension, e.g. [B, H, T, d] -> [B, H, T, E].
 Each map is a FeatureMap object (fast-transformers' feature_maps/base.py is the pattern), called the
@@ -46,6 +46,20 @@ def sum_normalize(x, eps=1e-6):
     never NaN, with a finite gradient.
     """
     return x / x.sum(dim=-1, keepdim=True).clamp_min(eps)
+
+
+def l2_normalize(x, eps=1e-6):
+    """phi'(x) = phi(x) / ||phi(x)||_2 over the last dim (DeltaNet, Yang et al. 2024).
+
+    A unit key makes the delta write an exact overwrite at beta = 1 (phi(k)^T W' = v), where a
+    sum-normalised key (||phi(k)||_2 <= 1, about E^-1/2 when phi is spread out) only moves the
+    stored value a fraction ||phi(k)||^2 of the way. Clamped like sum_normalize: 0 stays 0.
+    """
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+
+
+# --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
+PHI_NORMS = {"sum": sum_normalize, "l2": l2_normalize}
 
 
 def _orthogonal_gaussian(rows, cols, device, dtype):

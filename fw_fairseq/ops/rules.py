@@ -4,13 +4,13 @@ attention module, the synthetic task and the dispatch (fast_weight.py) read.
 A record says, for its rule: the public causal op and the non-causal write (memory) op, the T = 1
 form and the chunked form the causal op takes off the kernel path, the CUDA wrapper and kernel name,
 which per-position scalars it reads ([B, H, T], in its ops' argument order) and their values at padded
-positions, whether φ is sum-normalised, and whether it carries the z column. Adding a rule is one
+positions, whether φ is normalised, and whether it carries the z column. Adding a rule is one
 record and one public op here, its maths (naive.py, chunked forms, step.py) and its kernel.
 
 Shapes, head-first: q, k [B, H, T, E] (already feature-mapped); v [B, H, T, M]; beta, alpha [B, H, T];
 state [B, H, E, M]. alpha (the gated rule's decay) must lie in (0, 1]; its values are not checked
 (that would synchronise a GPU at every call). No scaling or normalisation happens in the ops: the
-caller sum-normalises φ (`sum_normalised`) or divides by the z column (`divide_by_z`).
+caller normalises φ (`normalised_phi`: sum or L2, PHI_NORMS) or divides by the z column (`divide_by_z`).
 dtypes and autocast: fast_weight.py's docstring (the one dtype rule of guards.py).
 """
 from dataclasses import dataclass
@@ -40,7 +40,7 @@ class UpdateRule:
     kernel_memory: bool  # whether the write runs the causal kernel on CUDA (else `memory` is faster)
     scalars: Tuple[str, ...]  # per-position scalar inputs [B, H, T], in the ops' argument order
     pad_values: Mapping[str, float]  # each scalar at a padded position: it must write and decay nothing
-    sum_normalised: bool  # phi' = phi / sum(phi) on keys and queries (keeps the delta write contractive)
+    normalised_phi: bool  # phi of keys and queries normalised (PHI_NORMS): keeps the delta write contractive
     z_column: bool  # values carry a ones column: the state's last column is z = sum phi(k) (divide_by_z)
 
 
@@ -136,17 +136,17 @@ def _delta_memory(k, v, beta, alpha=None):
 SUM = UpdateRule(
     name="sum", causal=fast_weight_sum, write=fast_weight_write, step=step_sum, chunked=chunked_sum,
     memory=_sum_memory, cuda=cuda_sum, kernel="sum", kernel_memory=False, scalars=(), pad_values={},
-    sum_normalised=False, z_column=True,
+    normalised_phi=False, z_column=True,
 )
 DELTA = UpdateRule(
     name="delta", causal=fast_weight_delta, write=fast_weight_write, step=step_delta, chunked=chunked_delta,
     memory=_delta_memory, cuda=cuda_delta, kernel="delta", kernel_memory=True, scalars=("beta",),
-    pad_values={"beta": 0.0}, sum_normalised=True, z_column=False,
+    pad_values={"beta": 0.0}, normalised_phi=True, z_column=False,
 )
 GATED_DELTA = UpdateRule(
     name="gated_delta", causal=fast_weight_gated_delta, write=fast_weight_write, step=step_gated_delta,
     chunked=chunked_gated_delta, memory=_delta_memory, cuda=cuda_gated_delta, kernel="gated_delta",
     kernel_memory=True, scalars=("beta", "alpha"), pad_values={"beta": 0.0, "alpha": 1.0},
-    sum_normalised=True, z_column=False,
+    normalised_phi=True, z_column=False,
 )
 RULES = {rule.name: rule for rule in (SUM, DELTA, GATED_DELTA)}

@@ -121,7 +121,7 @@ class RetrievalMemory(nn.Module):
                    for name, proj in projections.items() if proj is not None}
         if self.rule != "schlag":
             rule = OPS_RULES[self.rule]
-            if rule.sum_normalised:
+            if rule.normalised_phi:  # the paper's sum normalisation (§4.2)
                 phi_k, phi_q = sum_normalize(phi_k), sum_normalize(phi_q)
             if rule.z_column:  # the memory's last column is z = sum phi(k) (Eq. 18): [B, 1, L, S + 1]
                 v = append_z_column(v)

@@ -37,7 +37,7 @@ def test_state_dict_records_what_the_attention_computes():
     assert decode(model.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
-        "--fw-delta-beta-max": "1"}
+        "--fw-delta-beta-max": "1", "--fw-delta-norm": "sum"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
@@ -46,6 +46,27 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-update-rule": "sum"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
+
+
+def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
+    from factories import build_model
+
+    mixed = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "dpfp",
+             "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
+             "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2"}
+    for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
+                  ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
+        model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",
+                                *flags])
+        assert decode(model.state_dict()[RECORD]) == mixed
+        layer = model.decoder.layers[0]
+        assert (layer.self_attn.update_rule, layer.encoder_attn.update_rule) == ("delta", "sum")
+        assert model.encoder.layers[0].self_attn.update_rule == "sum"
+    # a per-block flag equal to the others is the uniform rule; a block that is softmax has no rule
+    same, _ = build_model(["--fw-update-rule", "delta", "--fw-decoder-rule", "delta",
+                           "--fw-attention", "decoder", "--fw-encoder-rule", "sum"])
+    record = decode(same.state_dict()[RECORD])
+    assert record["--fw-update-rule"] == "delta" and "--fw-encoder-rule" not in record
 
 
 def test_checkpoint_from_before_the_record_loads_with_one_warning(caplog):

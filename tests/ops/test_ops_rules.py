@@ -51,7 +51,7 @@ def test_padded_positions_write_and_decay_nothing(make_inputs, name):
 def test_z_column_normalises_the_sum_rule(make_inputs):
     q, k, v, _, _ = make_inputs(T=25)
     rule = RULES["sum"]
-    assert rule.z_column and not rule.sum_normalised
+    assert rule.z_column and not rule.normalised_phi
     y = divide_by_z(rule.causal(q, k, append_z_column(v))[0])  # [B, H, T, M]
     scores = (q @ k.transpose(-1, -2)).tril()  # [B, H, T, T], s <= t
     expected = (scores @ v) / (scores.sum(-1, keepdim=True) + Z_EPS)

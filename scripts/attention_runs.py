@@ -1,0 +1,142 @@
+"""One model of an attention comparison: fairseq-train for a fixed number of updates, with a progress bar
+and a validation-loss curve, then fairseq-generate on the test split and sacreBLEU.
+
+A fixed number of updates (not a time budget) makes the result the same on a slow or busy machine as on
+a quiet one: only the wall time changes. Used by scripts/compare_attention.py and scripts/demo.py.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import sacrebleu
+from sacremoses import MosesDetokenizer
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+BAR = 30  # characters of the progress bar
+
+
+class Progress:
+    """`label [#####.....] 120/600 updates` on one terminal line (a line per tenth when not a terminal)."""
+
+    def __init__(self, label, total, stream=sys.stdout):
+        self.label, self.total, self.stream = label, total, stream
+        self.tty = stream.isatty()
+        self.shown, self.start = -1, time.time()
+
+    def update(self, done):
+        done = min(done, self.total)
+        step = done * BAR // self.total if self.tty else done * 10 // self.total
+        if step == self.shown:
+            return
+        self.shown = step
+        filled = done * BAR // self.total
+        line = (f"  {self.label:<28} [{'#' * filled}{'.' * (BAR - filled)}] {done}/{self.total} updates "
+                f"{time.time() - self.start:5.0f} s")
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        if self.tty and done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _json_record(line, tag):
+    """The dict fairseq's --log-format json prints after `| {tag} |`, or None."""
+    marker = f"| {tag} | "
+    return json.loads(line.split(marker, 1)[1]) if marker in line else None
+
+
+def train(data, save_dir, flags, updates, valid_every, log, label, threads=None):
+    """fairseq-train `flags` for exactly `updates` updates (resuming from save_dir's checkpoint_last.pt
+    if a previous run was cut off), validating every `valid_every` updates. Returns the run's record:
+    the valid-loss curve [(updates, loss)], the seconds per training update (without start-up,
+    validation and checkpoints) and the checkpoint."""
+    args = [BIN / "fairseq-train", data, "--user-dir", REPO / "fw_fairseq", *flags,
+            "--max-update", updates, "--validate-interval-updates", valid_every,
+            "--log-format", "json", "--log-interval", max(1, min(10, valid_every)),
+            "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
+            "--required-batch-size-multiple", "1"]
+    # unbuffered: the log lines (and so the progress bar and the timing) arrive as fairseq prints them
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    progress, curve = Progress(label, updates), {}
+    # Time per update from the arrival of consecutive train_inner lines; an interval in which anything
+    # else was printed (validation, a checkpoint, a new epoch) is not counted.
+    previous, clean, seconds, counted = None, False, 0.0, 0
+    with open(log, "a") as sink:
+        proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env)
+        for line in proc.stdout:
+            sink.write(line)
+            inner, now = _json_record(line, "train_inner"), time.time()
+            if inner:
+                done = int(inner["num_updates"])
+                if previous and clean:
+                    seconds, counted = seconds + now - previous[1], counted + done - previous[0]
+                previous, clean = (done, now), True
+                progress.update(done)
+                continue
+            clean = False
+            valid = _json_record(line, "valid")
+            if valid:
+                curve[int(valid["valid_num_updates"])] = float(valid["valid_loss"])
+        proc.wait()
+    if proc.returncode != 0:
+        sys.exit(f"{label}: fairseq-train failed (exit {proc.returncode}); its log: {log}")
+    progress.update(updates)
+    curve = {**_resumed_curve(log), **curve}  # with the points logged before an interruption
+    return {"updates": updates, "curve": sorted(curve.items()),
+            "seconds_per_update": round(seconds / counted, 4) if counted else None,
+            "checkpoint": str(Path(save_dir) / "checkpoint_last.pt")}
+
+
+def _resumed_curve(log):
+    """Every valid point in the (appended) log, so that a resumed run keeps its earlier curve."""
+    points = {}
+    for line in Path(log).read_text().splitlines():
+        valid = _json_record(line, "valid")
+        if valid:
+            points[int(valid["valid_num_updates"])] = float(valid["valid_loss"])
+    return points
+
+
+def translate(data, checkpoint, out):
+    """fairseq-generate (beam 4) on the test split; returns the detokenised hypotheses in test order."""
+    args = [BIN / "fairseq-generate", data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
+            "--gen-subset", "test", "--beam", "4", "--lenpen", "0.6", "--batch-size", "64",
+            "--required-batch-size-multiple", "1", "--remove-bpe",
+            # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
+            "--max-len-a", "1.2", "--max-len-b", "10"]
+    with open(out, "w") as sink:
+        proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        sys.exit(f"fairseq-generate failed (exit {proc.returncode}); its log: {out}")
+    hyps = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", Path(out).read_text(), flags=re.M))
+    detok = MosesDetokenizer(lang="de")
+    return [detok.detokenize(hyps[str(i)].split()) for i in range(len(hyps))]
+
+
+def bleu(hypotheses, references):
+    """Detokenised corpus sacreBLEU and its signature."""
+    metric = sacrebleu.BLEU()
+    return round(metric.corpus_score(hypotheses, [references]).score, 2), str(metric.get_signature())
+
+
+def train_and_score(work, name, flags, updates, valid_every, label=None, threads=None):
+    """One model end to end, or its stored record if `work/runs/{name}.json` exists (re-runs continue)."""
+    record_file = work / "runs" / f"{name}.json"
+    if record_file.exists():
+        return json.loads(record_file.read_text())
+    record_file.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    record = train(work / "data-bin", work / "checkpoints" / name, flags, updates, valid_every,
+                   work / f"train.{name}.log", label or name, threads)
+    hypotheses = translate(work / "data-bin", record.pop("checkpoint"), work / f"generate.{name}.txt")
+    references = (work / "raw/test.de").read_text().splitlines()
+    record["bleu"], record["signature"] = bleu(hypotheses, references)
+    record.update(flags=[str(f) for f in flags], wall_seconds=round(time.time() - start, 1),
+                  hypotheses=hypotheses)
+    record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    return record

@@ -1,0 +1,142 @@
+"""Translation quality of attention configurations at equal updates, on the German catalogs (issue 14).
+
+Every configuration trains the same model for the same number of updates with the same seeds
+(fairseq-train --max-update), validates every updates/10, translates the held-out test split (beam 4)
+and is scored with detokenised sacreBLEU. The ranking is therefore the same on a slow or busy machine as
+on a quiet one; only the wall time, reported per update beside it, depends on the machine.
+
+    python scripts/compare_attention.py [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
+    python scripts/compare_attention.py --report-only   # table and plot again from the stored results
+
+Writes results/compare_attention/{preset}_u{updates}.json (every run: curve, BLEU, seconds per update),
+.md (the table) and .png (the valid-loss curves); runs that finished are kept in --work-dir and skipped
+when re-run. `softmax` and `hybrid` rows are baselines, not fast-weight models.
+"""
+import argparse
+import json
+import platform
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_runs  # noqa: E402
+import catalog_corpus  # noqa: E402
+import compare_report  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
+# name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
+# (fast weights in the decoder's self-attention only: decoding cost grows with the output there).
+CONFIGS = {
+    "softmax": ("softmax", ["--fw-attention", "none"]),
+    "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]),
+    "dpfp2-sum": ("fast", [*DPFP2, "--fw-update-rule", "sum"]),
+    # the paper's delta rule (sum-normalised phi) in every block
+    "dpfp2-delta-all": ("fast", [*DPFP2, "--fw-update-rule", "delta"]),
+    # the delta rule where the paper derives it, the causal decoder; the sum rule over the source
+    "dpfp2-delta-dec": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta"]),
+    "dpfp2-delta-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                    "--fw-delta-norm", "l2"]),
+    "dpfp2-delta-all-l2": ("fast", [*DPFP2, "--fw-update-rule", "delta", "--fw-delta-norm", "l2"]),
+    "dpfp2-delta-dec-l2-b2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                       "--fw-delta-norm", "l2", "--fw-beta-bias", "2"]),
+    "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
+                                   "--fw-delta-norm", "l2"]),
+}
+TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
+         "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+         "--dropout", "0.1"]
+# preset -> (BPE merges, architecture flags, optimiser flags). `demo` is the demo's model (2+2 layers,
+# 128 dim, 2 heads: d_key 64), about 0.2 s per update on 2 cores; `issue` is issue 14's (3+3 layers,
+# 256 dim, 4 heads, FFN 512, 8k BPE), about ten times slower.
+PRESETS = {
+    "demo": (2000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
+                    "--encoder-layers", "2", "--decoder-layers", "2",
+                    "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
+                    "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
+                    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"],
+             ["--lr", "2e-3", "--warmup-updates", "200", "--max-tokens", "2048"]),
+    "issue": (8000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
+                     "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"],
+              ["--lr", "1e-3", "--warmup-updates", "300", "--max-tokens", "4096"]),
+}
+
+
+def model_flags(preset, config, seed):
+    merges, arch, optim = PRESETS[preset]
+    return [*arch, *CONFIGS[config][1], *TRAIN, *optim, "--seed", str(seed)]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--updates", type=int, default=600, help="training updates of every model")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="NAME",
+                        help=f"which rows (default all): {', '.join(CONFIGS)}")
+    parser.add_argument("--preset", choices=list(PRESETS), default="demo")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="models trained at once, the cores split between them")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "compare_work")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "results/compare_attention")
+    parser.add_argument("--test-size", type=int, default=500)
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the table and plot from the stored results, train nothing")
+    args = parser.parse_args(argv)
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"argument --configs: unknown {', '.join(unknown)}; allowed: {', '.join(CONFIGS)}")
+    if "softmax" not in args.configs:
+        parser.error("argument --configs: include softmax, the reference every ratio is taken against")
+    if args.updates < 10 or args.jobs < 1:
+        parser.error("--updates must be >= 10 and --jobs >= 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    stem = args.out_dir / f"{args.preset}_u{args.updates}"
+    if args.report_only:
+        print(compare_report.write(stem, json.loads(stem.with_suffix(".json").read_text())))
+        return
+    merges = PRESETS[args.preset][0]
+    work = args.work_dir / args.preset
+    print(catalog_corpus.prepare(work, args.test_size, merges, what="compare_attention"), flush=True)
+    threads = max(1, (torch.get_num_threads()) // args.jobs)
+    runs = [(config, seed) for seed in args.seeds for config in args.configs]
+    start = time.time()
+
+    def one(run):
+        config, seed = run
+        name = f"{config}.s{seed}.u{args.updates}"
+        return attention_runs.train_and_score(work, name, model_flags(args.preset, config, seed),
+                                              args.updates, max(1, args.updates // 10), label=name,
+                                              threads=threads if args.jobs > 1 else None)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        records = list(pool.map(one, runs))
+    results = {
+        "benchmark": "compare_attention", "preset": args.preset, "updates": args.updates,
+        "seeds": args.seeds, "jobs": args.jobs, "machine": platform.machine(),
+        "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
+        "wall_minutes": round((time.time() - start) / 60, 1),
+        "configs": {name: {"kind": CONFIGS[name][0], "flags": CONFIGS[name][1]} for name in args.configs},
+        "runs": [{"config": config, "seed": seed, **{k: v for k, v in record.items() if k != "hypotheses"}}
+                 for (config, seed), record in zip(runs, records)],
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").exists() else None
+    if previous:  # rows run earlier with the same preset and updates stay in the table
+        done = {(r["config"], r["seed"]) for r in results["runs"]}
+        results["runs"] += [r for r in previous["runs"] if (r["config"], r["seed"]) not in done]
+        results["configs"] = {**previous["configs"], **results["configs"]}
+    stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
+    print(compare_report.write(stem, results))
+    print(f"results: {stem}.json, table {stem}.md, curves {stem}.png")
+
+
+if __name__ == "__main__":
+    main()
