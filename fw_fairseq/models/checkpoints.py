@@ -22,7 +22,7 @@ import torch
 
 from fairseq import checkpoint_utils, trainer
 
-from fw_fairseq.modules.fast_weight_config import FastWeightConfig, cli_error, with_later_flags
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, cli_error, per_block_rules, with_later_flags
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,10 @@ def decode(record: torch.Tensor) -> Dict[str, str]:
 
 def differences(found: Dict[str, str], wanted: Dict[str, str]) -> str:
     """"--fw-feature-map dpfp, not elu" for each flag whose values differ ('' if none). A flag
-    that applies on one side only (--fw-dpfp-nu) follows from a flag that differs."""
+    that applies on one side only (--fw-dpfp-nu) follows from a flag that differs. Rules recorded
+    as --fw-update-rule on one side and per block on the other are compared per block."""
+    if ("--fw-update-rule" in found) != ("--fw-update-rule" in wanted):
+        found, wanted = per_block_rules(found), per_block_rules(wanted)
     return "; ".join(f"{flag} {found[flag]}, not {value}" for flag, value in wanted.items()
                      if flag in found and found[flag] != value)
 

@@ -240,3 +240,14 @@ def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
     if any(rule.normalised_phi for rule in rules) and "--fw-delta-norm" not in settings:
         settings = {**settings, "--fw-delta-norm": "sum"}
     return settings
+
+
+def per_block_rules(settings: Dict[str, str]) -> Dict[str, str]:
+    """A settings record with --fw-update-rule spelled as one --fw-{place}-rule per fast-weight block,
+    so that a uniform record compares flag by flag with a per-block one."""
+    rule = settings.get("--fw-update-rule")
+    if rule is None:
+        return settings
+    places = [p for p in PLACES if p in settings.get("--fw-attention", "").split(",")]
+    out = {flag: value for flag, value in settings.items() if flag != "--fw-update-rule"}
+    return {**out, **{f"--fw-{place}-rule": rule for place in places}}

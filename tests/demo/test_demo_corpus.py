@@ -1,11 +1,11 @@
-"""The demo's corpus: real English/German pairs from the machine's gettext catalogs."""
+"""The demo's and compare_attention's corpus: real English/German pairs from the machine's gettext catalogs."""
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import demo  # noqa: E402
+import catalog_corpus as demo  # noqa: E402
 
 needs_catalogs = pytest.mark.skipif(not any(demo.LOCALE_DIR.glob("*.mo")),
                                     reason="no German gettext catalogs on this machine")
@@ -35,3 +35,18 @@ def test_make_corpus_splits_disjointly(tmp_path):
         en = (tmp_path / f"raw/{split}.en").read_text().splitlines()
         de = (tmp_path / f"raw/{split}.de").read_text().splitlines()
         assert len(en) == len(de) == sizes[split]
+
+
+@pytest.mark.parametrize("lang, line, tokens", [
+    ("en", "cannot store %s", "cannot store %s"),
+    ("en", "%1$s of %2$d files, %-10lu bytes", "%1$s of %2$d files , %-10lu bytes"),
+    ("en", "Open {0} or {name} now", "Open {0} or {name} now"),
+    ("en", "%(count)d items, 100%% done", "%(count)d items , 100%% done"),
+    ("de", "%s kann nicht gespeichert werden: %s", "%s kann nicht gespeichert werden : %s"),
+])
+def test_placeholders_stay_one_token_and_detokenise_unchanged(lang, line, tokens):
+    from sacremoses import MosesDetokenizer, MosesTokenizer
+
+    tokenized = demo.tokenize(MosesTokenizer(lang=lang), line)
+    assert tokenized == tokens
+    assert MosesDetokenizer(lang=lang).detokenize(tokenized.split()) == line

@@ -112,3 +112,21 @@ def test_a_delta_record_from_before_beta_max_means_beta_max_1():
     two, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
     with pytest.raises(SystemExit, match=r"--fw-delta-beta-max 1, not 2"):
         two.load_state_dict(state)
+
+
+def test_another_norm_or_block_rule_is_refused_and_old_delta_records_mean_sum_norm():
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "delta"]
+    trained, _ = build_model(fw + ["--fw-delta-norm", "l2"])
+    with pytest.raises(SystemExit, match=r"--fw-delta-norm l2, not sum"):
+        build_model(fw)[0].load_state_dict(trained.state_dict())
+    with pytest.raises(SystemExit, match=r"trained with --fw-encoder-rule delta, not sum"):
+        build_model(fw + ["--fw-delta-norm", "l2", "--fw-encoder-rule", "sum"])[0].load_state_dict(
+            trained.state_dict())
+    old, _ = build_model(fw)
+    state = old.state_dict()
+    settings = decode(state[RECORD])
+    del settings["--fw-delta-norm"]  # a record written before --fw-delta-norm existed
+    state[RECORD] = encode(settings)
+    build_model(fw, seed=1)[0].load_state_dict(state)  # sum normalisation: the same attention

@@ -44,6 +44,10 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-attention", "encoder,ffn", "encoder,decoder,cross"),
     ("--fw-favor-features", "0", ">= 1"),
     ("--fw-dpfp-nu", "-1", ">= 1"),
+    ("--fw-decoder-rule", "hebb", "allowed: sum, delta, gated_delta"),
+    ("--fw-cross-rule", "", "allowed: sum, delta, gated_delta"),
+    ("--fw-delta-norm", "max", "'sum', 'l2'"),
+    ("--fw-beta-bias", "high", "invalid float value"),
 ])
 def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     with pytest.raises(SystemExit):

@@ -17,9 +17,9 @@ RULE_BETA = [(rule, beta_max) for rule in RULES
              for beta_max in ((1, 2) if "beta" in RULES[rule].scalars else (1,))]
 
 
-def attention(path, rule, feature_map="dpfp", beta_max=1, seed=0):
+def attention(path, rule, feature_map="dpfp", beta_max=1, seed=0, delta_norm="sum"):
     torch.manual_seed(seed)
-    config = FastWeightConfig(feature_map, rule, 2, 8, frozenset(), beta_max)
+    config = FastWeightConfig(feature_map, rule, 2, 8, frozenset(), beta_max, delta_norm=delta_norm)
     attn = FastWeightAttention(C, H, config, **PATHS[path]).double().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # scalars far from their init, so that beta_max and alpha show
@@ -30,7 +30,7 @@ def attention(path, rule, feature_map="dpfp", beta_max=1, seed=0):
     return attn
 
 
-def reference(attn, query, key, pad, causal):
+def reference(attn, query, key, pad, causal, delta_norm="sum"):
     """The docstring's function, one position at a time: query [T, B, C], key [S, B, C], pad [B, S]
     -> [T, B, C]. A causal query t reads the memory after writes 1..t, others the whole memory."""
     (T, B, _), S = query.shape, key.size(0)
@@ -40,8 +40,9 @@ def reference(attn, query, key, pad, causal):
     k = phi(attn.k_proj(key).view(S, B, H, d))  # [S, B, H, E]
     v = attn.v_proj(key).view(S, B, H, d)
     rule, keep = attn.update_rule, (~pad).T.double()  # [S, B]
-    if rule != "sum":
-        q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
+    if rule != "sum":  # --fw-delta-norm
+        norm = (lambda x: x.sum(-1, keepdim=True)) if delta_norm == "sum" else (lambda x: x.norm(dim=-1, keepdim=True))
+        q, k = q / norm(q), k / norm(k)
     ones = torch.ones(S, B, H, dtype=torch.float64)
     beta = attn.beta_max * torch.sigmoid(attn.beta_proj(key)) if rule != "sum" else ones
     alpha = torch.sigmoid(attn.alpha_proj(key)) if rule == "gated_delta" else ones
@@ -78,14 +79,14 @@ def inputs(path, T=5, S=7, B=3, seed=1):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rule,beta_max", RULE_BETA)
-@pytest.mark.parametrize("feature_map", ["elu", "dpfp"])
-def test_module_computes_its_documented_function(path, rule, beta_max, feature_map):
-    attn = attention(path, rule, feature_map, beta_max)
+@pytest.mark.parametrize("feature_map,delta_norm", [("elu", "sum"), ("dpfp", "sum"), ("dpfp", "l2")])
+def test_module_computes_its_documented_function(path, rule, beta_max, feature_map, delta_norm):
+    attn = attention(path, rule, feature_map, beta_max, delta_norm=delta_norm)
     query, key, pad = inputs(path)
     if path == "encoder":
         pad[1, :2] = True
     out, weights = attn(query, key, key, key_padding_mask=pad if pad.any() else None)
-    expected = reference(attn, query, key, pad, causal=path == "causal")
+    expected = reference(attn, query, key, pad, causal=path == "causal", delta_norm=delta_norm)
     assert weights is None
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
 
@@ -127,6 +128,15 @@ def test_parameters_per_rule_and_the_gate_starts_near_one():
     x = torch.randn(4, 2, C)
     alpha = torch.sigmoid(gated.alpha_proj(x))
     assert alpha.min() > 0.95  # near the delta rule at the start of training
+
+
+def test_each_block_takes_its_own_rule_and_the_beta_bias():
+    config = FastWeightConfig("elu", "sum", 2, 8, frozenset(), block_rules=(("decoder", "delta"),),
+                              beta_bias=2.0)
+    blocks = {path: FastWeightAttention(C, H, config, **PATHS[path]) for path in PATHS}
+    assert {path: attn.update_rule for path, attn in blocks.items()} == {
+        "encoder": "sum", "causal": "delta", "cross": "sum"}
+    assert torch.all(blocks["causal"].beta_proj.bias == 2.0)  # beta starts at sigmoid(2) = 0.88
 
 
 @pytest.mark.parametrize("call,message", [

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from fw_fairseq.ops import FavorPlus, dpfp, elu_plus_one, sum_normalize
+from fw_fairseq.ops import PHI_NORMS, FavorPlus, dpfp, elu_plus_one, l2_normalize, sum_normalize
 
 
 def test_elu_plus_one_dims_and_positivity():
@@ -56,6 +56,24 @@ def test_sum_normalize_rows_sum_to_one_and_zero_rows_stay_zero():
     assert (y[1] == 0).all()
     (grad,) = torch.autograd.grad(y, x, torch.randn_like(y))
     assert torch.isfinite(grad).all()
+
+
+def test_l2_normalize_gives_unit_rows_so_a_delta_write_overwrites_exactly():
+    x = torch.rand(4, 6, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        x[1] = 0  # a padded position
+    k = l2_normalize(x)
+    torch.testing.assert_close(k.norm(dim=-1)[[0, 2, 3]], torch.ones(3, dtype=torch.float64))
+    assert (k[1] == 0).all()
+    (grad,) = torch.autograd.grad(k, x, torch.randn_like(k))
+    assert torch.isfinite(grad).all()
+    # W' = W + k^T (v - k W) with a unit k reads back v exactly; a sum-normalised k does not
+    W, v = torch.randn(6, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    for norm, exact in ((l2_normalize, True), (sum_normalize, False)):
+        key = norm(x[0].detach())
+        written = W + torch.outer(key, v - key @ W)
+        assert torch.allclose(key @ written, v) is exact
+    assert PHI_NORMS == {"sum": sum_normalize, "l2": l2_normalize}
 
 
 def test_favor_dims_dtype_and_positivity():
