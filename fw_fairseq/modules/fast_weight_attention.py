@@ -191,7 +191,7 @@ class FastWeightAttention(nn.Module):
             if cached:
                 o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
             elif self.path == CAUSAL:
-                o = self._causal(phi_q, projected, writes, key_padding_mask, buffer, incremental_state)
+                o = self._causal(phi_q, writes, buffer, incremental_state)
             else:
                 # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
                 # may pick (q k^T) v for short sequences
@@ -199,52 +199,29 @@ class FastWeightAttention(nn.Module):
             o = self._merge(o)
         return self.out_proj(o.to(q.dtype)), None
 
-    def _causal(self, phi_q: Tensor, projected: Projected, writes: Writes,
-                key_padding_mask: Optional[Tensor], buffer, incremental_state) -> Tensor:
+    def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
         """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the
-        lazy cache (raw keys and writes, decoder_state.py) while a step over it moves fewer values
+        lazy cache (phi(k) and the writes, decoder_state.py) while a step over it reads fewer values
         than the [E, M] state, or the state: the buffer holds whichever is live."""
         if buffer is None:
             return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        keys = buffer.get("keys")  # [B, t-1, C] while the cache is live
-        length = phi_q.size(2) + (0 if keys is None else keys.size(1))
-        if ("state" not in buffer and phi_q.size(2) == 1
-                and fits(length, self.head_dim, writes.v.size(-1), self.phi.out_dim)):
-            o = self._lazy_step(phi_q, projected, writes, key_padding_mask, buffer)
+        phi_past = buffer.get("phi_keys")  # [B, H, t-1, E] while the cache is live
+        length = phi_q.size(2) + (0 if phi_past is None else phi_past.size(2))
+        lazy = phi_q.size(2) == 1 and fits(length, phi_q.size(-1), writes.v.size(-1))
+        if lazy and "state" not in buffer:
+            o, buffer["phi_keys"], buffer["writes"], decay = lazy_step(
+                phi_q, writes.phi_k, writes.v, phi_past, buffer.get("writes"), buffer.get("decay"),
+                *writes.scalars)
+            if decay is not None:
+                buffer["decay"] = decay
         else:
-            state = buffer["state"] if "state" in buffer else self._fold(buffer)
+            # the cache (if any) leaves the buffer, folded once into the state
+            cache = [buffer.pop(name, None) for name in ("phi_keys", "writes", "decay")]
+            state = buffer.get("state", None if cache[0] is None else fold(*cache))
             o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
                                                   initial_state=state, output_final_state=True)
         self._set_input_buffer(incremental_state, buffer)
         return o
-
-    def _lazy_step(self, phi_q: Tensor, projected: Projected, writes: Writes,
-                   key_padding_mask: Optional[Tensor], buffer) -> Tensor:
-        """One decoding step from the cache; appends this position's raw key and write."""
-        keys = buffer.get("keys")
-        # phi of the past keys from their raw projections, [t-1, B, C] -> [B, H, t-1, E]
-        phi_past = None if keys is None else self._features(keys.transpose(0, 1), writes.v.dtype,
-                                                             is_query=False)
-        v = writes.v
-        if key_padding_mask is not None:
-            # phi is recomputed unmasked from the raw keys, so a padded position must write u = 0
-            v = v.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)  # [B, 1, 1, 1] mask
-        o, buffer["writes"], decay = lazy_step(phi_q, writes.phi_k, v, phi_past, buffer.get("writes"),
-                                               buffer.get("decay"), *writes.scalars)
-        if decay is not None:
-            buffer["decay"] = decay
-        key = projected.k.transpose(0, 1)  # [1, B, C] -> [B, 1, C]: batch first, as beam reordering wants
-        buffer["keys"] = key if keys is None else torch.cat([keys, key], dim=1)  # [B, t, C]
-        return o
-
-    def _fold(self, buffer) -> Optional[Tensor]:
-        """The lazy cache folded into the state [B, H, E, M] (None if empty), once; the cache leaves
-        the buffer."""
-        keys, writes, decay = (buffer.pop(name, None) for name in ("keys", "writes", "decay"))
-        if keys is None:
-            return None
-        phi_k = self._features(keys.transpose(0, 1), writes.dtype, is_query=False)  # [B, H, t, E]
-        return fold(phi_k, writes, decay)
 
     def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
                      incremental_state) -> Tensor:

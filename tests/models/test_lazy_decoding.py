@@ -1,7 +1,7 @@
 """The lazy decoding state of the decoder self-attention (fw_fairseq/modules/decoder_state.py):
 token-by-token decoding equals teacher forcing (float64) before, at and after the step where the
-cache of raw keys and writes is folded into the [E, M] state, for every feature map x rule, with
-beam reordering on both sides of the switch and left-padded sources and targets."""
+cache of the keys' features and the writes is folded into the [E, M] state, for every feature
+map x rule, with beam reordering on both sides of the switch and left-padded sources and targets."""
 import itertools
 
 import pytest
@@ -22,10 +22,10 @@ def fw_args(feature_map, rule):
 
 def switch_step(attention):
     """The first decoding step (1-based) whose cache of t positions would read more values,
-    t (d + M), than the [E, M] state: E M // (d + M) + 1, from the layer's shapes."""
+    t (E + M), than the [E, M] state: E M // (E + M) + 1, from the layer's shapes."""
     d, E = attention.head_dim, attention.phi.out_dim
     M = d + 1 if attention.rule.z_column else d
-    return E * M // (d + M) + 1
+    return E * M // (E + M) + 1
 
 
 def left_padded(d, lengths, width, g):
@@ -64,10 +64,10 @@ def test_lazy_decoding_equals_teacher_forcing_across_the_switch(feature_map, rul
         stepwise.append((logits[:, -1], expected[key][:, t]))
         buffer = attention._get_input_buffer(state)
         lazy = t + 1 < switch  # step t + 1 (1-based) just ran
-        assert ("keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
+        assert ("phi_keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
         assert ("decay" in buffer) == (lazy and rule == "gated_delta")
         if lazy:
-            assert buffer["keys"].shape == (BSZ, t + 1, attention.embed_dim)
+            assert buffer["phi_keys"].shape == (BSZ, attention.num_heads, t + 1, attention.phi.out_dim)
     for t, (got, want) in enumerate(stepwise):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m: f"step {t + 1}: {m}")
 

@@ -13,12 +13,13 @@ from rule_runner import make_alpha
 
 def lazy_run(q, k, v, beta=None, alpha=None):
     """Every position through lazy_step: (o [B, H, T, M], writes, decay)."""
-    outputs, writes, decay = [], None, None
+    outputs, phi_keys, writes, decay = [], None, None, None
     for t in range(q.shape[2]):
         scalars = [None if x is None else x[:, :, t: t + 1] for x in (beta, alpha)]
-        o, writes, decay = lazy_step(q[:, :, t: t + 1], k[:, :, t: t + 1], v[:, :, t: t + 1],
-                                     k[:, :, :t], writes, decay, *scalars)
+        row = [x[:, :, t: t + 1] for x in (q, k, v)]  # [B, H, 1, E | M]
+        o, phi_keys, writes, decay = lazy_step(*row, phi_keys, writes, decay, *scalars)
         outputs.append(o)
+    torch.testing.assert_close(phi_keys, k, rtol=0, atol=0)
     return torch.cat(outputs, dim=2), writes, decay
 
 
@@ -70,8 +71,8 @@ def test_folded_state_continues_with_the_fixed_size_step(make_inputs, rule):
     torch.testing.assert_close(torch.cat([o_head, *tail], dim=2), o_ref, rtol=1e-12, atol=1e-12)
 
 
-def test_fits_compares_the_bytes_read_with_the_state():
-    # DPFP-2 (E = 4 d), d = 64, delta rule (M = 64): 128 (64 + 64) = 256 * 64 exactly
-    assert fits(128, 64, 64, 256) and not fits(129, 64, 64, 256)
-    # ELU sum (E = d = 64, M = 65): 32 * 129 = 4128 <= 4160 < 33 * 129
-    assert fits(32, 64, 65, 64) and not fits(33, 64, 65, 64)
+def test_fits_compares_the_values_read_with_the_state():
+    # DPFP-2 (E = 256), delta rule (M = 64): 51 * 320 = 16320 <= 256 * 64 = 16384 < 52 * 320
+    assert fits(51, 256, 64) and not fits(52, 256, 64)
+    # ELU sum (E = 64, M = 65): 32 * 129 = 4128 <= 4160 < 33 * 129
+    assert fits(32, 64, 65) and not fits(33, 64, 65)
