@@ -18,8 +18,7 @@ has 0 elements, which no -1 can be inferred from.
 import torch
 import torch.nn.functional as F
 
-from .chunked_delta_function import ChunkedDelta
-from .chunked_sum_function import ChunkedSum
+from .custom_ops import apply_chunked_delta, apply_chunked_sum
 from .guards import state_dtype
 
 # Default (maximum) chunk lengths, from benchmarks on a 2-core CPU with 1 and 2 threads at
@@ -84,7 +83,7 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
     C = _balanced_chunk(T, chunk_size)
     Q, K, V = (_head_major_chunks(x, C, dtype) for x in (q, k, v))  # [BH, N, C, E|M]
     S0 = _heads_state(initial_state, dtype)
-    o, S = ChunkedSum.apply(Q, K, V, S0, output_final_state, _needs_backward(Q, K, V, S0))
+    o, S = apply_chunked_sum(Q, K, V, S0, output_final_state, _needs_backward(Q, K, V, S0))
     return _from_head_major(o, B, H, T), _unflatten_state(S, B, H)  # o [B, H, T, M]
 
 
@@ -112,7 +111,7 @@ def chunked_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_s
     # cumulative log-gates within each chunk [BH, N, C]; the zero-padded tail is log(alpha = 1)
     g = None if alpha is None else _head_major_chunks(alpha.to(dtype).log(), C, dtype).cumsum(-1)
     S0 = _heads_state(initial_state, dtype)
-    o, S = ChunkedDelta.apply(Q, K, V, Bt, g, S0, output_final_state, _needs_backward(Q, K, V, Bt, g, S0))
+    o, S = apply_chunked_delta(Q, K, V, Bt, g, S0, output_final_state, _needs_backward(Q, K, V, Bt, g, S0))
     if o is not None:
         o = _from_head_major(o, B, H, T)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)

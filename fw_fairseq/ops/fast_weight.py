@@ -16,6 +16,7 @@ import logging
 
 import torch
 
+from .custom_ops import apply_kernel
 from .guards import autocast_off, state_dtype
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def causal(rule, fn, q, k, v, scalars, initial_state=None, output_final_state=Fa
     if ext is None:  # a decoding step (T = 1) skips the chunk machinery
         form = rule.step if q.shape[2] == 1 else rule.chunked
         return form(q, k, v, *scalars, state0, output_final_state)
-    o, state = rule.cuda(ext, q, k, v, *scalars, _kernel_state(q, k, v, state0))
+    o, state = apply_kernel(rule, ext, q, k, v, *scalars, _kernel_state(q, k, v, state0))
     return o, (state if output_final_state else None)
 
 
@@ -49,7 +50,7 @@ def memory(rule, fn, k, v, scalars):
     if ext is None:
         return rule.memory(k, v, *scalars)
     # the kernel always reads; reading with q = k is the cheapest valid query
-    return rule.cuda(ext, k, k, v, *scalars, _kernel_state(k, k, v, None))[1]
+    return apply_kernel(rule, ext, k, k, v, *scalars, _kernel_state(k, k, v, None))[1]
 
 
 @autocast_off
