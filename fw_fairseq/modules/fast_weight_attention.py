@@ -250,6 +250,12 @@ class FastWeightAttention(nn.Module):
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:
             return
+        # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
+        # finished): the identity must not copy every cache and state
+        hypotheses = next(x.size(0) for name, x in buffer.items() if x is not None and name != "memory")
+        if new_order.numel() == hypotheses and torch.equal(
+                new_order, torch.arange(hypotheses, device=new_order.device)):
+            return
         memory, rows = buffer.get("memory"), buffer.get("memory_rows")
         for name, tensor in buffer.items():
             if tensor is not None and name != "memory":

@@ -87,3 +87,21 @@ def test_memory_grows_until_the_switch_then_stays_flat(feature_map, rule):
     lazy, folded = sizes[: switch - 1], sizes[switch - 1:]
     assert lazy == sorted(set(lazy)), lazy  # the cache grows by one position per step
     assert len(set(folded)) == 1 and folded[0] >= lazy[-1], sizes  # then the fixed-size state
+
+
+def test_an_identity_reorder_copies_nothing():
+    """fairseq reorders at every step (beam 1 too): the identity keeps every cached tensor as it is."""
+    model, d = build_model(fw_args("dpfp", "delta"))
+    g = torch.Generator().manual_seed(5)
+    src, prev = random_tokens(d, BSZ, 5, g), random_tokens(d, BSZ, 2, g)
+    encoder_out = model.encoder(src, src_lengths=torch.full((BSZ,), 5))
+    state = {}
+    for t in range(2):
+        model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+    before = {key: dict(buffer) for key, buffer in state.items()}
+    model.decoder.reorder_incremental_state_scripting(state, torch.arange(BSZ))
+    assert all(state[key][name] is x for key, buffer in before.items() for name, x in buffer.items())
+    model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 2]))
+    lazy = [key for key, buffer in before.items() if "writes" in buffer]
+    assert len(lazy) == 2  # the two decoder self-attention layers hold their lazy caches
+    assert all(state[key]["writes"] is not before[key]["writes"] for key in lazy)
