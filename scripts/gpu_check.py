@@ -2,7 +2,7 @@
 
     scripts/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
     scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, sanitizers, tests/cuda, ops benchmark
-    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, end-to-end training/decoding timing
+    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph decoding step, end-to-end timing
     scripts/gpu_check.sh --dry-run                                      # print the plan, run nothing
 
 Each step runs in its own process under a time limit taken from what is left of --budget-s; a failing or
@@ -49,6 +49,8 @@ STEPS = [
     Step("racecheck", ("kernels",), 150, 30, "compute-sanitizer --tool racecheck over every kernel, small shapes"),
     Step("build_fast_transformers", ("kernels",), 180, 40, "fast-transformers' causal_product from its sdist"),
     Step("bench_ops", ("kernels",), 300, 60, "benchmarks/bench_gpu.py --quick"),
+    Step("cuda_graph", ("fairseq",), 120, 20, "benchmarks/gpu_cuda_graph.py: a FastWeightAttention decoding step "
+         "captured in a CUDA graph replays as it runs eagerly (needs fairseq: after build_fairseq)"),
     Step("bench_fairseq", ("fairseq",), 420, 90, "benchmarks/bench_fairseq_gpu.py: train and generate timing"),
 ]
 
@@ -107,6 +109,7 @@ class Check:
             "racecheck": [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
             "pytest_cuda": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"],
             "bench_ops": [py, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick", "--out", str(out / "bench_gpu.json")],
+            "cuda_graph": [py, str(REPO / "benchmarks" / "gpu_cuda_graph.py")],
             "bench_fairseq": [py, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out",
                               str(out / "bench_fairseq.json"), "--work", "/tmp/fw_bench_fairseq"],
         }

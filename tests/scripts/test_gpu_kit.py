@@ -49,7 +49,7 @@ def gpu_check(*args):
 @pytest.mark.parametrize("part, steps", [
     ("kernels", ["environment", "install_kit", "build_extension", "pytest_cuda", "memcheck", "racecheck",
                  "build_fast_transformers", "bench_ops"]),
-    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "bench_fairseq"]),
+    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "cuda_graph", "bench_fairseq"]),
 ])
 def test_the_dry_run_plans_each_part(part, steps):
     proc = gpu_check("--dry-run", "--part", part)
@@ -81,7 +81,7 @@ def test_a_run_records_every_step_within_its_budget(tmp_path):
     check = json.loads((out / "check.json").read_text())
     status = {s["name"]: s["status"] for s in check["steps"]}
     assert status == {"environment": "failed", "install_kit": "skipped", "build_fairseq": "skipped",
-                      "build_extension": "skipped", "bench_fairseq": "skipped"}
+                      "build_extension": "skipped", "cuda_graph": "skipped", "bench_fairseq": "skipped"}
     assert "torch sees no CUDA device" in check["steps"][0]["tail"]
     assert "out of budget" in check["steps"][1]["tail"]
     assert (out / "logs.txt").exists() and "| environment | failed |" in (out / "summary.md").read_text()
@@ -120,3 +120,22 @@ def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     assert fw["train"]["updates"] == 2 and fw["train"]["wps_median"] > 0
     assert [g["length"] for g in fw["generate"]] == [4] and fw["generate"][0]["tokens"] == 2 * 5  # N + eos each
     assert fw["vs_softmax"]["train_wps"] > 0 and fw["vs_softmax"]["generate_tokens_per_s"]["4"] > 0
+
+
+def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_cuda_graph
+
+    monkeypatch.setattr(gpu_cuda_graph.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="gpu_cuda_graph: torch sees no CUDA device on this machine"):
+        gpu_cuda_graph.main([])
+
+
+@pytest.mark.parametrize("case", [("causal", "delta", "dpfp", 3), ("cross", "sum", "elu", 2)], ids=str)
+def test_the_cuda_graph_cases_run_on_a_cpu(case):
+    """The GPU step's cases, with the step re-run where the graph would replay: the layer, its decoding
+    state and the copies the replays are compared against work on this machine."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_cuda_graph
+
+    gpu_cuda_graph.check(*case, "cpu", gpu_cuda_graph.rerun)
