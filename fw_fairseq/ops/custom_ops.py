@@ -15,7 +15,8 @@ way out); register_autograd hands them to the backward op. Fake (meta) implement
 ops run the same code on fake tensors (the shapes of what is saved follow from it); the kernel ops
 give the binding's shapes (cuda_functions.py's docstring).
 Custom ops return no None: results that are None in a call (no final state asked for, no per-chunk
-states with one chunk and no initial state, ...) are left out, and `_present` says which are there.
+states with one chunk and no initial state, ...) are left out, and `_sum_slots` / `_delta_slots` say,
+from the arguments, which are there.
 """
 from typing import List, Optional
 
@@ -62,11 +63,6 @@ def _unpack(results, there):
     return [next(results) if present else None for present in there]
 
 
-def _zeros_for_missing(grads, inputs):
-    """A Function's backward leaves a gradient None where it is zero (e.g. no output gradient)."""
-    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
-
-
 # ------------------------------------------------------------------------------- chunked sum rule
 
 def _chunked_sum(Q: Tensor, K: Tensor, V: Tensor, S0: Optional[Tensor], need_final: bool,
@@ -86,7 +82,7 @@ def _sum_slots(K, S0, need_final):
 
 
 def _chunked_sum_backward(Q: Tensor, K: Tensor, V: Tensor, S0: Optional[Tensor], P: Tensor,
-                          states: Optional[Tensor], dO: Tensor, dS: Optional[Tensor]) -> List[Tensor]:
+                          states: Optional[Tensor], dO: Optional[Tensor], dS: Optional[Tensor]) -> List[Tensor]:
     """[dQ, dK, dV, dS0 if S0 is given]."""
     ctx = _Context((Q, K, V, P, states), has_S0=S0 is not None)
     return _present(ChunkedSum.backward(ctx, dO, dS)[:4])
@@ -138,8 +134,8 @@ def _chunked_delta_backward(Q: Optional[Tensor], K: Tensor, beta: Tensor, g: Opt
     """[dQ if Q is given, dK, dV, dbeta, dg if g is given, dS0 if S0 is given]."""
     ctx = _Context((Q, K, beta, g, X, T, u, r, P, states), has_S0=S0 is not None)
     dQ, dK, dV, dbeta, dg, dS0 = ChunkedDelta.backward(ctx, dO, dS)[:6]
-    if Q is not None:
-        (dQ,) = _zeros_for_missing([dQ], [Q])
+    if Q is not None and dQ is None:  # no output gradient: the Function leaves dQ None, an op returns a tensor
+        dQ = torch.zeros_like(Q)
     return _present([dQ, dK, dV, dbeta, dg, dS0])
 
 

@@ -5,6 +5,7 @@ calls keep running the autograd Functions themselves, and a bad argument is stil
 op's own one-line message while torch.compile traces."""
 import pytest
 import torch
+import torch._dynamo.testing
 
 from fw_fairseq.ops import fast_weight as dispatch
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
@@ -74,7 +75,8 @@ def test_compiled_cuda_branch_equals_eager(make_inputs, monkeypatch, rule, T):
     monkeypatch.setattr(dispatch, "_cuda_kernel", lambda q, v, kernel: KernelStandIn)
 
     def call(q, k, v, beta, state):
-        return run_rule(rule, "public", q, k, v, beta, state)
+        o, final_state = run_rule(rule, "public", q, k, v, beta, state)
+        return (o, final_state) if T == 1 else (o,)  # T = 5: the final state's gradient is zero
 
     _assert_compiled_equals_eager(call, make_inputs(B=2, H=2, T=T, E=6, M=5, requires_grad=True))
 
@@ -93,6 +95,15 @@ def test_eager_calls_run_the_functions_themselves(make_inputs):
     q, k, v, beta, state = make_inputs(T=20, requires_grad=True)
     assert "ChunkedSumBackward" in _backward_nodes(fast_weight_sum(q, k, v, state)[0])
     assert "ChunkedDeltaBackward" in _backward_nodes(fast_weight_delta(q, k, v, beta)[0])
+
+
+def test_compile_calls_the_custom_op_not_the_function(make_inputs):
+    # dynamo's graph holds the op, opaque; tracing the Function itself fails on its backward
+    backend = torch._dynamo.testing.EagerAndRecordGraphs()
+    q, k, v, beta, state = make_inputs(T=100, requires_grad=True)
+    torch.compile(fast_weight_delta, backend=backend, fullgraph=True)(q, k, v, beta, state)
+    targets = {str(node.target) for graph in backend.graphs for node in graph.graph.nodes}
+    assert "fw_fairseq.chunked_delta" in targets
 
 
 def test_bad_arguments_fail_with_the_ops_message_while_tracing(make_inputs):
