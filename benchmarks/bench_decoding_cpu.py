@@ -1,15 +1,19 @@
-"""fairseq-generate speed and memory: fast-weight decoder vs softmax, as the output grows.
+"""fairseq-generate speed and memory: fast-weight decoders vs softmax, as the output grows.
 
-Trains (one update, through the real fairseq-train) a `transformer_fw` model with delta-rule
-DPFP attention and the same model with `--fw-attention none` (softmax), then times the real
-fairseq-generate forcing every output to N tokens (--min-len N --max-len-a 0 --max-len-b N).
-Softmax decoding caches all past keys/values and attends over them, so its per-token cost and
-memory grow with N; the fast-weight decoder carries a fixed-size (W, z) per layer.
+Trains (one update, through the real fairseq-train) `transformer_fw` models of the same size with
+ELU sum, DPFP-1 sum and DPFP-2 delta attention and with `--fw-attention none` (softmax), then
+times the real fairseq-generate forcing every output to N tokens (--min-len N --max-len-a 0
+--max-len-b N), at beam 1 and 4, all in one run so that the ratios to softmax compare like with like.
+Softmax decoding caches all past keys/values and attends over them, so its per-token cost grows
+with N; the fast-weight decoder keeps a lazy cache of t (E + M) values per head while that is
+smaller than its [E, M] state, then the state (fw_fairseq/modules/decoder_state.py).
 
+Beside each time: the bytes a token must move (decoding_cost.py: parameters, attention caches,
+states) and the result as a fraction of that floor at the machine's measured copy bandwidth.
 Peak memory is the generate process's maximum resident set size (os.wait4), which includes
-the Python/fairseq baseline that both models share.
+the Python/fairseq baseline that all models share.
 
-    python benchmarks/bench_decoding_cpu.py [--lengths 64 256 1024] [--arch transformer_fw]
+    python benchmarks/bench_decoding_cpu.py [--lengths 16 64 1024] [--beams 1 4] [--note TEXT]
 """
 import argparse
 import json
@@ -24,16 +28,24 @@ from pathlib import Path
 
 import torch
 
+from decoding_cost import bytes_per_token, copy_bandwidth, markdown, shapes
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
-MODELS = {"fast weights (dpfp, delta)": ["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"],
+MODELS = {"elu sum": ["--fw-feature-map", "elu", "--fw-update-rule", "sum"],
+          "dpfp-1 sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-update-rule", "sum"],
+          "dpfp-2 delta": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "delta"],
           "softmax": ["--fw-attention", "none"]}
+SOURCE_LENGTH = 13  # make_data's 12 words and the end-of-sentence token
+
+
+THREADS = {}  # the environment's thread settings for every CLI run, set by main (--threads)
 
 
 def run(args, **kwargs):
     """Run a CLI; return (output, peak RSS in MiB) of that process alone."""
-    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kwargs)
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **THREADS}, **kwargs)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
@@ -79,43 +91,55 @@ def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024])
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--arch", default="transformer_fw")
     parser.add_argument("--sentences", type=int, default=4)
-    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every fairseq run (OMP_NUM_THREADS). 1 by default: on a "
+                             "CPU shared with other jobs, 2 spinning OpenMP threads ran fairseq-generate "
+                             "12x slower (3.9 vs 48.9 tokens/s, DPFP-2 delta, beam 4, N = 64)")
+    parser.add_argument("--note", default="", help="recorded with the results (e.g. the machine was shared)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/decoding_cpu.json")
     args = parser.parse_args()
+    THREADS.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    torch.set_num_threads(args.threads)  # the copy bandwidth below, like the runs
 
+    bandwidth = copy_bandwidth()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_data(root, args.sentences)
         checkpoints = {name: train(root, name, args.arch, fw) for name, fw in MODELS.items()}
-        for length in args.lengths:
-            row = {"length": length}
-            for name, checkpoint in checkpoints.items():
-                row[name] = generate(root, checkpoint, length, args.beam, args.sentences)
-                print(f"  N={length:5d} {name:28s} {row[name]['tokens_per_s']:8.1f} tok/s "
-                      f"peak {row[name]['peak_rss_mib']:7.0f} MiB", flush=True)
-            results.append(row)
+        model_shapes = {name: shapes(checkpoint) for name, checkpoint in checkpoints.items()}
+        for beam in args.beams:
+            for length in args.lengths:
+                row = {"beam": beam, "length": length}
+                for name, checkpoint in checkpoints.items():
+                    r = generate(root, checkpoint, length, beam, args.sentences)
+                    floor = bytes_per_token(model_shapes[name], length, args.sentences, beam, SOURCE_LENGTH)
+                    r["floor_mb_per_token"] = floor / 1e6
+                    r["fraction_of_floor"] = r["tokens_per_s"] * floor / bandwidth
+                    row[name] = r
+                sm = row["softmax"]["tokens_per_s"]
+                for name in MODELS:
+                    row[name]["vs_softmax"] = row[name]["tokens_per_s"] / sm
+                    print(f"  beam {beam} N={length:5d} {name:13s} {row[name]['tokens_per_s']:8.1f} tok/s "
+                          f"{row[name]['vs_softmax']:5.2f}x softmax  floor {row[name]['floor_mb_per_token']:6.1f} "
+                          f"MB/token, {row[name]['fraction_of_floor']:.2f} of it  peak "
+                          f"{row[name]['peak_rss_mib']:6.0f} MiB", flush=True)
+                results.append(row)
 
-    fw_name, sm_name = list(MODELS)
-    print(f"\nfairseq-generate, {args.arch}, beam {args.beam}, {args.sentences} sentences, "
-          f"CPU x{os.cpu_count()}, torch {torch.__version__}")
-    print(f"| output N | fw tok/s | softmax tok/s | fw/softmax speed | fw peak MiB | "
-          f"softmax peak MiB |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for row in results:
-        fw, sm = row[fw_name], row[sm_name]
-        print(f"| {row['length']} | {fw['tokens_per_s']:.1f} | {sm['tokens_per_s']:.1f} | "
-              f"{fw['tokens_per_s'] / sm['tokens_per_s']:.2f}x | {fw['peak_rss_mib']:.0f} | "
-              f"{sm['peak_rss_mib']:.0f} |")
+    meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "sentences": args.sentences,
+            "source_length": SOURCE_LENGTH, "models": MODELS, "machine": platform.processor() or "cpu",
+            "machine_note": args.note, "cpu_count": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "shapes": model_shapes}
+    table = markdown(meta, results, list(MODELS))
+    print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "fairseq-generate decoding", "arch": args.arch, "beam": args.beam,
-        "sentences": args.sentences, "models": MODELS, "machine": platform.processor() or "cpu",
-        "cpu_count": os.cpu_count(), "torch": torch.__version__, "results": results}, indent=2))
-    print(f"wrote {args.out}")
+    args.out.write_text(json.dumps({**meta, "results": results}, indent=2))
+    args.out.with_suffix(".md").write_text(table)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""The bytes floor of a decoding step, for bench_decoding_cpu.py: what a generated token must move
+through memory, from the checkpoint's shapes, and the machine's copy bandwidth to turn it into time.
+
+Per decoding step of a batch (`sentences` x `beam` hypotheses), values moved, 4 bytes each (fp32):
+- the decoder's parameters, read once per step for the whole batch;
+- decoder self-attention, per hypothesis, layer and head, at step t:
+    softmax: the key/value cache read, t 2d, and this step's pair written, 2d;
+    fast weights, as the decoder runs it (fw_fairseq/modules/decoder_state.py): the lazy cache
+    t (E + M) read and one row E + M written while t (E + M) <= E M, else the state E M read and
+    written;
+- cross-attention, per layer and head: softmax reads each hypothesis's source keys/values,
+  S 2d; fast weights read the source memory E M once per sentence (its beams share it).
+Softmax and the embedding/output layer share the parameter term. Not counted: the encoder (once
+per sentence), beam search's own work, activations, and fairseq's reordering copies of the caches
+(a copy per step of everything above that is per hypothesis) -- a floor, not an estimate.
+The floor's time is bytes / the measured copy bandwidth; a result's fraction of its floor is
+(floor time) / (measured time): 1 would be a decoder that only moves the bytes it must.
+"""
+import time
+
+import torch
+
+FLOAT = 4  # bytes: every model runs in fp32 on the CPU
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write), the best of `repeats`."""
+    src = torch.ones(mib * 2 ** 18)  # mib MiB of float32
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * FLOAT / best
+
+
+def shapes(checkpoint) -> dict:
+    """The shapes the floor needs, from a fairseq checkpoint (its model config and parameters)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    cfg = state["cfg"]["model"]
+    heads, dim = cfg.decoder_attention_heads, cfg.decoder_embed_dim
+    d = dim // heads
+    params = sum(x.numel() for name, x in state["model"].items() if name.startswith("decoder."))
+    fw = getattr(cfg, "fw_attention", "none")
+    places = set() if fw == "none" else ({"encoder", "decoder", "cross"} if fw == "all" else set(fw.split(",")))
+    E = {"elu": d, "dpfp": 2 * d * getattr(cfg, "fw_dpfp_nu", 1),
+         "favor": 2 * getattr(cfg, "fw_favor_features", d)}.get(getattr(cfg, "fw_feature_map", "elu"))
+    M = d + 1 if getattr(cfg, "fw_update_rule", "sum") == "sum" else d  # the sum rule's z column
+    return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": E, "M": M,
+            "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
+
+
+def self_attention_values(s: dict, t: int) -> int:
+    """Values one head of one hypothesis moves in decoder self-attention at step t."""
+    if not s["fw_decoder"]:
+        return (t + 1) * 2 * s["d"]
+    E, M = s["E"], s["M"]
+    return (t + 1) * (E + M) if t * (E + M) <= E * M else 2 * E * M
+
+
+def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_length: int) -> float:
+    """Mean bytes moved per generated token (one step of one sentence) over `length` steps."""
+    per_layer_head = 0
+    for t in range(1, length + 1):
+        cross = (sentences * s["E"] * s["M"] if s["fw_cross"]
+                 else sentences * beam * source_length * 2 * s["d"])
+        per_layer_head += sentences * beam * self_attention_values(s, t) + cross
+    attention = per_layer_head * s["layers"] * s["heads"] / length
+    return (s["params"] + attention) * FLOAT / sentences
+
+
+def markdown(meta: dict, rows: list, configs: list) -> str:
+    """The results as a markdown table: one row per (beam, output length), one column group per
+    configuration (tokens/s, ratio to softmax, fraction of its floor, peak RSS)."""
+    lines = [f"# fairseq-generate on CPU: fast-weight decoders vs softmax ({meta['arch']})", "",
+             f"{meta['machine_note']} CPU x{meta['cpu_count']}, {meta['threads']} torch thread(s), "
+             f"torch {meta['torch']}, "
+             f"{meta['sentences']} sentences of {meta['source_length']} tokens, copy bandwidth "
+             f"{meta['copy_bandwidth_gb_s']:.1f} GB/s. Each cell: tokens/s (x softmax), "
+             f"fraction of its own bytes floor, MB moved per token by the floor, peak RSS MiB.", "",
+             "| beam | N | " + " | ".join(configs) + " |",
+             "|---:|---:|" + "---:|" * len(configs)]
+    for row in rows:
+        sm = row["softmax"]["tokens_per_s"]
+        cells = []
+        for name in configs:
+            r = row[name]
+            cells.append(f"{r['tokens_per_s']:.0f} ({r['tokens_per_s'] / sm:.2f}x), "
+                         f"{r['fraction_of_floor']:.2f} of floor, {r['floor_mb_per_token']:.1f} MB, "
+                         f"{r['peak_rss_mib']:.0f} MiB")
+        lines.append(f"| {row['beam']} | {row['length']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
