@@ -28,7 +28,8 @@ def layer(path, rule, feature_map, device):
     config = FastWeightConfig(feature_map=feature_map, update_rule=rule, dpfp_nu=2, favor_features=64,
                               places=frozenset())
     cross = path == "cross"
-    return FastWeightAttention(EMBED, HEADS, config, causal=not cross, encoder_decoder_attention=cross).to(device).eval()
+    attn = FastWeightAttention(EMBED, HEADS, config, causal=not cross, encoder_decoder_attention=cross)
+    return attn.to(device).eval()
 
 
 def copy_of(incremental_state):

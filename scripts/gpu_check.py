@@ -2,7 +2,7 @@
 
     scripts/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
     scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, sanitizers, tests/cuda, ops benchmark
-    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph decoding step, end-to-end timing
+    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph step, end-to-end timing
     scripts/gpu_check.sh --dry-run                                      # print the plan, run nothing
 
 Each step runs in its own process under a time limit taken from what is left of --budget-s; a failing or

@@ -3,8 +3,9 @@
 The sequence is cut into N chunks of C positions; within a chunk everything is dense matmuls,
 across chunks only the state S [E, M] is carried. Derivations: fw_fairseq/ops/README.md.
 The work is done by two autograd Functions with hand-written backward passes
-(chunked_sum_function.py, chunked_delta_function.py); they keep one state per chunk, never one per
-position, so backward memory is O(N E M + T (E + M + C)) per head instead of O(T E M).
+(chunked_sum_function.py, chunked_delta_function.py; while torch.compile traces, their custom ops
+in custom_ops.py); they keep one state per chunk, never one per position, so backward memory is
+O(N E M + T (E + M + C)) per head instead of O(T E M).
 This file turns [B, H, T, D] inputs into their [B*H, N, C, D] chunks and back.
 The T = 1 decoding steps, which need no chunks, are in step.py.
 
