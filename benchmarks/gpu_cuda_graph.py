@@ -3,6 +3,9 @@ graph and replayed: the replay must give what the eager step gives for new input
 ELU+1 and DPFP, on the causal path (after a short and a long prefix: the lazy cache or the state) and
 the cross path (the cached source memory). A step that synchronises with the host, allocates outside
 the graph's pool or keeps a Python-side decision that depends on tensor values fails here.
+Then, per rule, torch.compile(fullgraph=True) of a causal layer training on the kernels (forward and
+backward through the custom ops of fw_fairseq/ops/custom_ops.py, first call compiled: the dispatch
+imports the extension while dynamo traces) must equal eager.
 Run by scripts/gpu_check.sh (step cuda_graph); exits 1 if any case fails.
 
     python benchmarks/gpu_cuda_graph.py            # on a CUDA machine
@@ -60,6 +63,23 @@ def check(path, rule, feature_map, prefix, device, capture):
             torch.testing.assert_close(static_out, step(x, copy_of(state)), rtol=1e-5, atol=1e-5)
 
 
+def compiled_training(rule, device):
+    """A causal layer's output and input gradient, compiled (before any eager call) and eager."""
+    attn = layer("causal", rule, "dpfp", device).train()
+    x = torch.randn(70, BATCH, EMBED, generator=torch.Generator(device=device).manual_seed(1), device=device,
+                    requires_grad=True)  # [T, B, C]: three chunks off the kernels
+
+    def forward(x):
+        return attn(x, x, x)[0]
+
+    results = []
+    for run in (torch.compile(forward, backend="aot_eager", fullgraph=True), forward):
+        torch.manual_seed(2)
+        out = run(x)
+        results.append((out.detach(), *torch.autograd.grad(out.square().sum(), x)))
+    torch.testing.assert_close(*results, rtol=1e-4, atol=1e-4)
+
+
 def cuda_graph(run):
     """(replay, output) of `run` captured in a CUDA graph, after warming it up on a side stream."""
     side = torch.cuda.Stream()
@@ -88,16 +108,19 @@ def main(argv=None):
         raise SystemExit("gpu_cuda_graph: torch sees no CUDA device on this machine (--dry-run runs the cases "
                          "on the CPU without graphs)")
     device, capture = ("cpu", rerun) if args.dry_run else ("cuda", cuda_graph)
+    checks = [("CUDA graph: {} {} {} after {} steps".format(*case), lambda case=case: check(*case, device, capture))
+              for case in CASES]
+    checks += [(f"torch.compile: causal {rule} dpfp, training", lambda rule=rule: compiled_training(rule, device))
+               for rule in RULES]
     failed = 0
-    for case in CASES:
-        name = "{} {} {} after {} steps".format(*case)
+    for name, run in checks:
         try:
-            check(*case, device, capture)
+            run()
             print(f"gpu_cuda_graph: ok      {name}", flush=True)
         except Exception as err:  # every case runs and is reported, whatever breaks one
             failed += 1
             print(f"gpu_cuda_graph: FAILED  {name}: {type(err).__name__}: {str(err).splitlines()[0]}", flush=True)
-    print(f"gpu_cuda_graph: {len(CASES) - failed} of {len(CASES)} decoding steps replay as they run eagerly")
+    print(f"gpu_cuda_graph: {len(checks) - failed} of {len(checks)} checks passed")
     return 1 if failed else 0
 
 

@@ -50,7 +50,8 @@ STEPS = [
     Step("build_fast_transformers", ("kernels",), 180, 40, "fast-transformers' causal_product from its sdist"),
     Step("bench_ops", ("kernels",), 300, 60, "benchmarks/bench_gpu.py --quick"),
     Step("cuda_graph", ("fairseq",), 120, 20, "benchmarks/gpu_cuda_graph.py: a FastWeightAttention decoding step "
-         "captured in a CUDA graph replays as it runs eagerly (needs fairseq: after build_fairseq)"),
+         "captured in a CUDA graph replays as it runs eagerly; a compiled training layer on the kernels equals "
+         "eager (needs fairseq: after build_fairseq)"),
     Step("bench_fairseq", ("fairseq",), 420, 90, "benchmarks/bench_fairseq_gpu.py: train and generate timing"),
 ]
 

@@ -139,3 +139,10 @@ def test_the_cuda_graph_cases_run_on_a_cpu(case):
     import gpu_cuda_graph
 
     gpu_cuda_graph.check(*case, "cpu", gpu_cuda_graph.rerun)
+
+
+def test_the_cuda_graph_steps_compile_check_runs_on_a_cpu():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_cuda_graph
+
+    gpu_cuda_graph.compiled_training("gated_delta", "cpu")
