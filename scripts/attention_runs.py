@@ -23,9 +23,9 @@ BAR = 30  # characters of the progress bar
 class Progress:
     """`label [#####.....] 120/600 updates` on one terminal line (a line per tenth when not a terminal)."""
 
-    def __init__(self, label, total, stream=sys.stdout):
-        self.label, self.total, self.stream = label, total, stream
-        self.tty = stream.isatty()
+    def __init__(self, label, total, stream=None):
+        self.label, self.total, self.stream = label, total, stream or sys.stdout
+        self.tty = self.stream.isatty()
         self.shown, self.start = -1, time.time()
 
     def update(self, done):
@@ -56,7 +56,8 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     validation and checkpoints) and the checkpoint."""
     args = [BIN / "fairseq-train", data, "--user-dir", REPO / "fw_fairseq", *flags,
             "--max-update", updates, "--validate-interval-updates", valid_every,
-            "--log-format", "json", "--log-interval", max(1, min(10, valid_every)),
+            # a log interval dividing the validation interval leaves intervals with nothing else in them
+            "--log-format", "json", "--log-interval", max(1, min(10, valid_every // 2)),
             "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
             "--required-batch-size-multiple", "1"]
     # unbuffered: the log lines (and so the progress bar and the timing) arrive as fairseq prints them

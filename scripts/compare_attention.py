@@ -68,7 +68,8 @@ PRESETS = {
 
 def model_flags(preset, config, seed):
     merges, arch, optim = PRESETS[preset]
-    return [*arch, *CONFIGS[config][1], *TRAIN, *optim, "--seed", str(seed)]
+    # a configuration's flags come last: they may override the preset's (argparse: the last one wins)
+    return [*arch, *TRAIN, *optim, *CONFIGS[config][1], "--seed", str(seed)]
 
 
 def parse_args(argv=None):

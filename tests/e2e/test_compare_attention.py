@@ -1,0 +1,56 @@
+"""scripts/compare_attention.py's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
+updates with a validation curve and a progress bar, scoring, and re-runs that reuse finished runs."""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import attention_runs  # noqa: E402
+import compare_attention  # noqa: E402
+import compare_report  # noqa: E402
+
+
+def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_path, capsys):
+    work = tmp_path / "work"
+    (work / "raw").mkdir(parents=True)
+    (work / "data-bin").symlink_to(data_bin / "bin")
+    shutil.copy(data_bin / "test.de", work / "raw/test.de")
+    # small batches: an epoch of this corpus is many updates, so some log intervals are only training
+    flags = compare_attention.model_flags("demo", "dpfp2-delta-dec-l2", seed=1) + ["--max-tokens", "128"]
+    record = attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10)
+    curve = dict(record["curve"])  # every 10 updates, and at each epoch's end (a few updates here)
+    assert {10, 20} <= set(curve) and max(curve) == 20
+    assert curve[20] < curve[10]  # it learns
+    assert record["seconds_per_update"] > 0  # from an interval with no validation in it
+    assert 0 <= record["bleu"] <= 100 and len(record["hypotheses"]) == 20
+    assert "20/20 updates" in capsys.readouterr().out  # the progress bar (a line per tenth off a tty)
+    log = (work / "train.run.log").read_text()
+    assert '"num_updates": "20"' in log and '"num_updates": "30"' not in log
+    stored = json.loads((work / "runs/run.json").read_text())
+    assert attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10) == stored  # reused
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--configs", "softmax", "linear"], "unknown linear; allowed: softmax, elu-sum"),
+    (["--configs", "dpfp2-sum"], "include softmax"),
+    (["--updates", "5"], "--updates must be >= 10"),
+])
+def test_bad_arguments_stop_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        compare_attention.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_committed_tables_are_generated_from_the_committed_results(tmp_path):
+    results = sorted((REPO / "results/compare_attention").glob("*.json"))
+    assert results
+    for path in results:
+        data = json.loads(path.read_text())
+        text = compare_report.write(tmp_path / path.stem, data)
+        assert path.with_suffix(".md").read_text() == text
+        assert (tmp_path / f"{path.stem}.png").stat().st_size > 10_000
+        assert "| softmax | softmax |" in text and "1.00×" in text
