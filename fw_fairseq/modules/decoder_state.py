@@ -14,12 +14,12 @@ features phi(k_s) and the effective writes u_s, the exact vectors added to the s
   u = beta (v - alpha k S).
 Same functions as ops.step / ops.naive; tests/ops/test_ops_lazy.py checks them in float64.
 
-phi(k_s) is cached, not recomputed from the d-wide raw keys: on the 2-core CPU (B H = 128, DPFP-2,
-E = 256, t = 64) recomputing phi of the cached keys took 7.4 ms a step and appending one cached row
-0.2 ms, against 3-8 ms for the whole state-form layer step. A step then reads t (E + M) values
-and the state form E M, so the module folds the writes into the state (`fold`) once
-t (E + M) passes E M (`fits`) and continues with the fixed-size step. Padded positions need no
-care: their phi(k) is zero (and their beta zero), so they read and write nothing.
+phi(k_s) is cached, not recomputed from the d-wide raw keys: on the shared 2-core CPU (B H = 128,
+DPFP-2, E = 256, t = 64) recomputing phi of the cached keys took 7.4 ms a step and appending one
+cached row 0.2 ms, against 3-11 ms for the whole state-form layer step. A step then reads
+t (E + M) values and the state form E M, so the module folds the writes into the state (`fold`)
+once t (E + M) passes E M (`fits`) and continues with the fixed-size step. Padded positions need
+no care: their phi(k) is zero (and their beta zero), so they read and write nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], phi_past [B, H, t-1, E], writes [B, H, t-1, M],
 decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 """
