@@ -26,9 +26,10 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
 from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
-from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, regroup, source_beam
+from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
+                                              regroup, source_beam, write_source)
 from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
-                            fast_weight_read, feature_map)
+                            feature_map)
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -225,13 +226,15 @@ class FastWeightAttention(nn.Module):
 
     def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
                      incremental_state) -> Tensor:
-        """Cross-attention in generation: the source is fixed, so its memory is written once per
-        sentence (`writes` is None once it is cached) and read by every step of every beam."""
+        """Cross-attention in generation: the source is fixed, so it is written once per sentence
+        (`writes` is None once it is cached) and read by every step of every beam. "memory" holds
+        its memory [B / beam, H, E, M] or, for short sources, its keys' features and effective
+        writes [B / beam, H, S, E + M], whichever a step reads fewer values of (source_memory.py)."""
         if writes is not None:
-            memory = self.rule.write(writes.phi_k, writes.v, *writes.scalars)  # [B / beam, H, E, D(+1)]
+            memory = write_source(self.rule, writes.phi_k, writes.v, *writes.scalars)
             buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
             self._set_input_buffer(incremental_state, buffer)
-        return read_per_sentence(fast_weight_read, phi_q, buffer["memory"])
+        return read_per_sentence(read_source, phi_q, buffer["memory"])
 
     # ------------------------------------------------------------ beam search
 
@@ -244,8 +247,9 @@ class FastWeightAttention(nn.Module):
                                   new_order: Tensor):
         """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor.
 
-        The source memory keeps one row per group of hypotheses that read the same row (a
-        sentence's beams); it is copied only when such groups leave or split.
+        The cached source (memory or keys and writes, rows on dim 0 in both) keeps one row per
+        group of hypotheses that read the same row (a sentence's beams); it is copied only when
+        such groups leave or split.
         """
         buffer = self._get_input_buffer(incremental_state)
         if not buffer:

@@ -3,12 +3,72 @@
 fairseq's generator lays hypotheses out as [sentence, beam] on the batch dim. The source (and so
 its fast-weight memory) is the same for a sentence's beams, so cross-attention writes it once per
 sentence and keeps a hypothesis -> row map (`rows` [B]) beside it; these functions build, read and
-reorder that pair. Memories are [rows, H, E, D]; queries head-first [B, H, T, E].
+reorder that pair. Queries are head-first [B, H, T, E].
+
+The cached source takes one of two forms, whichever a step reads fewer values of (`source_fits`):
+- the memory W [rows, H, E, M] (M = D, or D + 1 with the sum rule's z column), o = phi(q) W;
+- short sources: the keys' features and the effective writes side by side, [rows, H, S, E + M],
+  o = (phi(q) phi(K)^T) U, the same function since W = sum_s phi(k_s)^T u_s. Sum rule: u_s = v_s.
+  Delta rule: the u_s of the sequential writes, u_t = beta_t (v_t - sum_{s<t} (k_t . k_s) u_s), one
+  unit lower triangular solve (ops/README.md's UT form over one chunk); the gated rule decays the
+  pairs by gamma_t / gamma_s and folds W's decay gamma_S / gamma_s of each write into u_s.
+  Padded positions have phi(k) = 0 and beta = 0 (alpha = 1): they write nothing in either form.
+The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
+Rows are dim 0 of both forms, so the beam functions below serve both unchanged.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from fw_fairseq.ops import fast_weight_read
+from fw_fairseq.ops.chunk_gates import ChunkGates
+
+
+def source_fits(length: int, d_phi: int, width: int) -> bool:
+    """Whether a step over `length` source positions, reading length (d_phi + width) values per
+    head, reads fewer than the [d_phi, width] memory."""
+    return length * (d_phi + width) < d_phi * width
+
+
+def effective_writes(phi_k: Tensor, v: Tensor, beta: Optional[Tensor] = None,
+                     alpha: Optional[Tensor] = None) -> Tensor:
+    """U [B, H, S, M] with sum_s phi(k_s)^T u_s = the rule's memory of phi_k [B, H, S, E],
+    v [B, H, S, M] (beta None: the sum rule; alpha given: the gated delta rule, beta, alpha [B, H, S])."""
+    if beta is None:
+        return v
+    bsz, heads, length, _ = phi_k.shape
+    pairs = (phi_k @ phi_k.transpose(-1, -2)).tril(-1)  # [B, H, S, S], k_t . k_s for s < t
+    gates = None
+    if alpha is not None:
+        # [B, H, S] -> [B H, 1 chunk, S]: g_t = sum_{s<=t} log alpha_s, every decay exp(g_t - g_s)
+        gates = ChunkGates(alpha.log().cumsum(-1).reshape(bsz * heads, 1, length))
+        pairs = pairs * gates.pair.view(bsz, heads, length, length)  # gamma_t / gamma_s
+    eye = torch.eye(length, dtype=pairs.dtype, device=pairs.device)
+    b = beta[..., None]  # [B, H, S, 1]
+    # (I + diag(beta) X) U = diag(beta) V: row t is u_t = beta_t (v_t - sum_{s<t} X_ts u_s)
+    u = torch.linalg.solve_triangular(eye + b * pairs, b * v, upper=False, unitriangular=True)
+    if gates is not None:
+        u = u * gates.write.view(bsz, heads, length, 1)  # gamma_S / gamma_s: W's decay of write s
+    return u
+
+
+def write_source(rule, phi_k: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:
+    """The cached source of `rule` (an ops.RULES record): the cache [B, H, S, E + M] when it reads
+    fewer values than the memory, else the memory [B, H, E, M] (rule.write)."""
+    if source_fits(phi_k.size(2), phi_k.size(-1), v.size(-1)):
+        return torch.cat([phi_k, effective_writes(phi_k, v, *scalars)], dim=-1)
+    return rule.write(phi_k, v, *scalars)
+
+
+def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
+    """phi_q [R, H, T, E] reads a cached source of either form -> [R, H, T, M]."""
+    d_phi = phi_q.size(-1)
+    if source.size(2) >= d_phi:
+        return fast_weight_read(phi_q, source)
+    phi_k, u = source.split([d_phi, source.size(-1) - d_phi], dim=-1)  # [R, H, S, E], [R, H, S, M]
+    dtype = torch.promote_types(phi_q.dtype, source.dtype)
+    return (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) @ u  # [R, H, T, S] @ [R, H, S, M]
 
 
 def source_beam(key: Tensor, key_padding_mask: Optional[Tensor], beam: int) -> int:
@@ -33,7 +93,7 @@ def hypothesis_rows(memory: Tensor, beam: int) -> Tensor:
 
 def read_per_sentence(read, phi_q: Tensor, memory: Tensor) -> Tensor:
     """Every hypothesis reads its sentence's row: read(q, memory) over phi_q [B, H, T, E] and
-    memory [B / beam, H, E, D] -> [B, H, T, D], one read per sentence for all its beams."""
+    memory [B / beam, H, ...] (either form) -> [B, H, T, D], one read per sentence for all its beams."""
     sentences, beam = memory.shape[0], phi_q.shape[0] // memory.shape[0]
     if beam == 1:
         return read(phi_q, memory)
@@ -46,7 +106,7 @@ def read_per_sentence(read, phi_q: Tensor, memory: Tensor) -> Tensor:
 
 
 def regroup(memory: Tensor, rows: Tensor, beam: int) -> Tuple[Tensor, Tensor]:
-    """memory [R, H, E, D] and the reordered hypothesis -> row map `rows` [B] -> a memory whose
+    """memory [R, H, ...] (either form) and the reordered hypothesis -> row map `rows` [B] -> a memory whose
     row i serves hypotheses i*beam .. (i+1)*beam-1, and its row map. The memory is copied only
     when groups leave or move; when a group's hypotheses point at different rows (an order that
     mixes sentences' beams), every hypothesis gets its own copy of its row."""

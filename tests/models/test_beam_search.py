@@ -1,14 +1,13 @@
 """Beam search through fairseq's SequenceGenerator (what fairseq-generate runs): the model tells
 its cross-attention the beam size, so the source memory is built once per sentence, and the
 translations equal those of a per-hypothesis memory."""
-import dataclasses
-
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from factories import build_model, random_tokens
-from fw_fairseq.ops import RULES
+from fw_fairseq.modules import fast_weight_attention
+from fw_fairseq.modules.source_memory import write_source
 
 SENTENCES, BEAM = 3, 4
 
@@ -41,15 +40,15 @@ def assert_same_translations(got, expected):
 
 @pytest.fixture
 def memory_batches(monkeypatch):
-    """The batch size of every source memory written (one write per cross-attention layer): each
-    rule's record gets a counting write op for the models built while the fixture is active."""
+    """The batch size of every cached source written (one write per cross-attention layer), in
+    either form (source_memory.py: the memory, or the keys and writes of a short source)."""
     sizes = []
-    for name, rule in list(RULES.items()):
-        def counting_write(phi_k, v, *scalars, write=rule.write):
-            sizes.append(phi_k.shape[0])
-            return write(phi_k, v, *scalars)
 
-        monkeypatch.setitem(RULES, name, dataclasses.replace(rule, write=counting_write))
+    def counting_write(rule, phi_k, v, *scalars):
+        sizes.append(phi_k.shape[0])
+        return write_source(rule, phi_k, v, *scalars)
+
+    monkeypatch.setattr(fast_weight_attention, "write_source", counting_write)
     return sizes
 
 
