@@ -9,7 +9,9 @@ Per decoding step of a batch (`sentences` x `beam` hypotheses), values moved, 4 
     t (E + M) read and one row E + M written while t (E + M) <= E M, else the state E M read and
     written;
 - cross-attention, per layer and head: softmax reads each hypothesis's source keys/values,
-  S 2d; fast weights read the source memory E M once per sentence (its beams share it).
+  S 2d; fast weights read the cached source once per sentence (its beams share it): its keys'
+  features and effective writes S (E + M) while that is below E M, else the memory E M
+  (fw_fairseq/modules/source_memory.py).
 Softmax and the embedding/output layer share the parameter term. Not counted: the encoder (once
 per sentence), beam search's own work, activations, and fairseq's reordering copies of the caches
 (a copy per step of everything above that is per hypothesis) -- a floor, not an estimate.
@@ -63,7 +65,7 @@ def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_leng
     """Mean bytes moved per generated token (one step of one sentence) over `length` steps."""
     per_layer_head = 0
     for t in range(1, length + 1):
-        cross = (sentences * s["E"] * s["M"] if s["fw_cross"]
+        cross = (sentences * min(source_length * (s["E"] + s["M"]), s["E"] * s["M"]) if s["fw_cross"]
                  else sentences * beam * source_length * 2 * s["d"])
         per_layer_head += sentences * beam * self_attention_values(s, t) + cross
     attention = per_layer_head * s["layers"] * s["heads"] / length
