@@ -44,6 +44,10 @@ CONFIGS = {
     "dpfp2-delta-all-l2": ("fast", [*DPFP2, "--fw-update-rule", "delta", "--fw-delta-norm", "l2"]),
     "dpfp2-delta-dec-l2-b2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                        "--fw-delta-norm", "l2", "--fw-beta-bias", "2"]),
+    "elu-delta-dec-l2": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                  "--fw-delta-norm", "l2"]),
+    "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
+                                    "--fw-delta-norm", "l2"]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
                                    "--fw-delta-norm", "l2"]),
 }

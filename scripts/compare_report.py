@@ -57,6 +57,8 @@ def table(results):
         worst, best = min(fast, key=lambda n: fast[n]["bleu"]), max(fast, key=lambda n: fast[n]["bleu"])
         lines += ["", f"Fast-weight rows: best {best} {_ratio(fast[best]['bleu'], ref['bleu'])} softmax BLEU, "
                       f"worst {worst} {_ratio(fast[worst]['bleu'], ref['bleu'])}."]
+    lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
+                 "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
     lines += [f"- `{name}`: `{' '.join(row['flags'])}`" for name, row in rows.items()]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ A fixed number of updates, not a time budget: a slow or busy machine takes longe
 same BLEU. Finished steps are skipped when re-run (delete --work-dir to start over).
 The models are scripts/compare_attention.py's rows of the same names (its `demo` preset).
 
-    python scripts/demo.py [--updates 800] [--work-dir demo_work]
+    python scripts/demo.py [--updates 600] [--work-dir demo_work]
 """
 import argparse
 import sys
@@ -41,7 +41,7 @@ def say(step, text):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--updates", type=int, default=800, help="training updates of every model")
+    parser.add_argument("--updates", type=int, default=600, help="training updates of every model")
     parser.add_argument("--work-dir", type=Path, default=REPO / "demo_work")
     parser.add_argument("--test-size", type=int, default=500)
     args = parser.parse_args()
@@ -62,7 +62,7 @@ def main():
             args.updates, max(1, args.updates // 10), label=name)
         say(4, f"{name}: test BLEU {records[name]['bleu']:.2f}")
 
-    results = {"preset": "demo", "updates": args.updates, "seeds": [1], "cpu_count": torch.get_num_threads(),
+    results = {"preset": "demo", "updates": args.updates, "seeds": [1], "jobs": 1, "cpu_count": torch.get_num_threads(),
                "torch": torch.__version__,
                "configs": {name: {"kind": compare_attention.CONFIGS[name][0],
                                   "flags": compare_attention.CONFIGS[name][1]} for name in MODELS},

@@ -99,10 +99,13 @@ def add_fast_weight_args(parser):
         group.add_argument(f"--fw-{place}-rule", type=parse_rule(f"--fw-{place}-rule"),
                            metavar="{" + ",".join(UPDATE_RULES) + "}",
                            help=f"the update rule of {where} (default: --fw-update-rule)")
-    group.add_argument("--fw-delta-norm", choices=DELTA_NORMS,
+    # default=None, not fairseq's suppressed default: a parsed command line always has the attribute,
+    # so set_fast_weight_defaults can tell it from args saved before the flag existed (see there)
+    group.add_argument("--fw-delta-norm", choices=DELTA_NORMS, default=None,
                        help="normalisation of phi(k) and phi(q) in the delta rules: sum (phi/sum(phi), "
                             "the paper) or l2 (phi/||phi||, DeltaNet: a write at beta = 1 overwrites "
-                            "exactly); the sum rule divides by z instead and ignores it")
+                            "exactly; the default of the translation models); the sum rule divides "
+                            "by z instead and ignores it")
     group.add_argument("--fw-beta-bias", type=float, metavar="B",
                        help="initial bias of the delta rules' beta projection: beta starts at "
                             "max*sigmoid(B) (default 0: beta = max/2); ignored by the sum rule")
@@ -121,12 +124,20 @@ def add_fast_weight_args(parser):
 
 
 def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
-                             favor_features=128, places="all", beta_max=1, delta_norm="sum"):
+                             favor_features=128, places="all", beta_max=1, delta_norm="l2"):
     """Architecture defaults; command-line values win (fairseq's getattr convention). The per-block
-    rules stay None (they follow --fw-update-rule) so that a record of them is written only when set."""
+    rules stay None (they follow --fw-update-rule) so that a record of them is written only when set.
+
+    --fw-delta-norm defaults to l2 for translation: with the paper's sum normalisation the delta rule
+    in every block reached 0.49x softmax BLEU at 600 updates, with L2 0.95x (results/compare_attention).
+    The parser always gives fw_delta_norm an attribute (None when not given); args saved in a
+    checkpoint from before --fw-delta-norm existed have none, and were trained with sum normalisation.
+    """
     for place in PLACES:
         setattr(args, f"fw_{place}_rule", getattr(args, f"fw_{place}_rule", None))
-    args.fw_delta_norm = getattr(args, "fw_delta_norm", None) or delta_norm
+    if not hasattr(args, "fw_delta_norm"):
+        args.fw_delta_norm = "sum"
+    args.fw_delta_norm = args.fw_delta_norm or delta_norm
     if getattr(args, "fw_beta_bias", None) is None:
         args.fw_beta_bias = 0.0
     args.fw_feature_map = getattr(args, "fw_feature_map", None) or feature_map

@@ -37,7 +37,7 @@ def test_state_dict_records_what_the_attention_computes():
     assert decode(model.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
-        "--fw-delta-beta-max": "1", "--fw-delta-norm": "sum"}
+        "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2"}  # l2: the translation models' default
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
@@ -120,13 +120,28 @@ def test_another_norm_or_block_rule_is_refused_and_old_delta_records_mean_sum_no
     fw = ["--fw-feature-map", "elu", "--fw-update-rule", "delta"]
     trained, _ = build_model(fw + ["--fw-delta-norm", "l2"])
     with pytest.raises(SystemExit, match=r"--fw-delta-norm l2, not sum"):
-        build_model(fw)[0].load_state_dict(trained.state_dict())
+        build_model(fw + ["--fw-delta-norm", "sum"])[0].load_state_dict(trained.state_dict())
     with pytest.raises(SystemExit, match=r"trained with --fw-encoder-rule delta, not sum"):
         build_model(fw + ["--fw-delta-norm", "l2", "--fw-encoder-rule", "sum"])[0].load_state_dict(
             trained.state_dict())
-    old, _ = build_model(fw)
+    fw_sum = fw + ["--fw-delta-norm", "sum"]
+    old, _ = build_model(fw_sum)
     state = old.state_dict()
     settings = decode(state[RECORD])
     del settings["--fw-delta-norm"]  # a record written before --fw-delta-norm existed
     state[RECORD] = encode(settings)
-    build_model(fw, seed=1)[0].load_state_dict(state)  # sum normalisation: the same attention
+    build_model(fw_sum, seed=1)[0].load_state_dict(state)  # sum normalisation: the same attention
+
+
+def test_args_saved_before_delta_norm_existed_build_the_sum_normalised_model():
+    """fairseq-generate builds a model from the args in its checkpoint: args from before the flag
+    have no fw_delta_norm at all and get sum, where a fresh command line gets the default l2."""
+    from factories import parse_model_args
+
+    from fw_fairseq.models.transformer_fw import transformer_fw
+
+    fresh = parse_model_args(["--fw-update-rule", "delta"])
+    assert fresh.fw_delta_norm == "l2"
+    saved = argparse.Namespace(**{k: v for k, v in vars(fresh).items() if k != "fw_delta_norm"})
+    transformer_fw(saved)
+    assert saved.fw_delta_norm == "sum"
