@@ -46,4 +46,6 @@ def test_config_builds_its_model(name, prepared):
         return
     assert len(fast) == 3  # encoder self-, decoder self- and cross-attention of the 1+1 layers
     assert D_DOT[parsed.fw_feature_map](parsed) == ddot
-    assert parsed.fw_update_rule == ("delta" if "delta" in row else "sum")
+    # the delta configs: delta in the decoder's self-attention (causal), the sum rule over the source
+    decoder = "delta" if "delta" in row else "sum"
+    assert {m.path: m.update_rule for m in fast} == {"encoder": "sum", "causal": decoder, "cross": "sum"}
