@@ -62,6 +62,17 @@ def build_lm(arch, extra=(), dtype=torch.float64, seed=0):
     return _build(parse_args("language_modeling", ["--arch", arch, *extra]), dtype)
 
 
+def randomize_scalar_projections(attn, generator):
+    """Draw a FastWeightAttention's beta / alpha projections in float64, far from their init, so that
+    beta max and the gate show in what the layer computes. Returns attn."""
+    with torch.no_grad():
+        for name in attn.rule.scalars:
+            proj = getattr(attn, f"{name}_proj")
+            proj.weight.copy_(torch.randn(proj.weight.shape, generator=generator, dtype=torch.float64))
+            proj.bias.copy_(torch.randn(proj.bias.shape, generator=generator, dtype=torch.float64))
+    return attn
+
+
 def random_tokens(dictionary, bsz, length, generator):
     """[B, T] tokens drawn from the real symbols (no pad/eos/unk)."""
     return torch.randint(dictionary.nspecial, len(dictionary), (bsz, length), generator=generator)

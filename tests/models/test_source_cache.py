@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from factories import randomize_scalar_projections
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
 from fw_fairseq.modules import source_memory
 from fw_fairseq.ops import FEATURE_MAPS, RULES
@@ -21,13 +22,7 @@ def cross_attention(feature_map, rule):
     config = FastWeightConfig(feature_map, rule, 2, 24, frozenset(), 2)
     attn = FastWeightAttention(C, H, config, causal=False, encoder_decoder_attention=True)
     attn = attn.double().eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # scalars far from their init, so that beta and alpha show
-        for name in RULES[rule].scalars:
-            proj = getattr(attn, f"{name}_proj")
-            proj.weight.copy_(torch.randn(proj.weight.shape, generator=g, dtype=torch.float64))
-            proj.bias.copy_(torch.randn(proj.bias.shape, generator=g, dtype=torch.float64))
-    return attn
+    return randomize_scalar_projections(attn, torch.Generator().manual_seed(1))
 
 
 def widths(attn):

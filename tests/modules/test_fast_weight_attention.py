@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from factories import randomize_scalar_projections
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT
 from fw_fairseq.ops import RULES, dpfp, elu_plus_one
@@ -21,13 +22,7 @@ def attention(path, rule, feature_map="dpfp", beta_max=1, seed=0, delta_norm="su
     torch.manual_seed(seed)
     config = FastWeightConfig(feature_map, rule, 2, 8, frozenset(), beta_max, delta_norm=delta_norm)
     attn = FastWeightAttention(C, H, config, **PATHS[path]).double().eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # scalars far from their init, so that beta_max and alpha show
-        for name in RULES[rule].scalars:
-            proj = getattr(attn, f"{name}_proj")
-            proj.weight.copy_(torch.randn(proj.weight.shape, generator=g, dtype=torch.float64))
-            proj.bias.copy_(torch.randn(proj.bias.shape, generator=g, dtype=torch.float64))
-    return attn
+    return randomize_scalar_projections(attn, torch.Generator().manual_seed(seed))
 
 
 def reference(attn, query, key, pad, causal, delta_norm="sum"):
