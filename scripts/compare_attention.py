@@ -48,6 +48,10 @@ CONFIGS = {
                                   "--fw-delta-norm", "l2"]),
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                     "--fw-delta-norm", "l2"]),
+    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum"]),
+    # the learning rate of the fast-weight models (issue 14's candidate), and softmax's at the same
+    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3"]),
+    "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
                                    "--fw-delta-norm", "l2"]),
 }
