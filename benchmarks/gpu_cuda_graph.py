@@ -36,9 +36,11 @@ def layer(path, rule, feature_map, device):
 
 
 def copy_of(incremental_state):
-    """A decoding state to step from, leaving `incremental_state` as it is (a step replaces the
-    tensors of its buffer, it does not write into them)."""
-    return {key: dict(buffer) for key, buffer in incremental_state.items()}
+    """A decoding state to step from, leaving `incremental_state` as it is: a generation step writes
+    into its buffer's tensors (the lazy cache's storage, the state in place), so the copy clones them.
+    Called inside the captured step, the clones are part of the graph: every replay starts afresh."""
+    return {key: {name: None if x is None else x.clone() for name, x in buffer.items()}
+            for key, buffer in incremental_state.items()}
 
 
 def check(path, rule, feature_map, prefix, device, capture):

@@ -22,7 +22,14 @@ once t (E + M) passes E M (`fits`) and continues with the fixed-size step. Padde
 no care: their phi(k) is zero (and their beta zero), so they read and write nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], phi_past [B, H, t-1, E], writes [B, H, t-1, M],
 decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
+
+Generation (no autograd) allocates nothing per step (`append`, `reorder`): the cached tensors are
+views of the first t positions of storages of `capacity` positions, so a step writes one row in place
+instead of copying the cache (a fresh [B H, t, E + M] tensor per step, which the CPU's allocator also
+faults in page by page); a beam reorder gathers into a spare storage kept beside each tensor and the
+two swap. With autograd (teacher-forced tests of the gradients) the same functions concatenate.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -35,6 +42,70 @@ def fits(length: int, d_phi: int, width: int) -> bool:
     return length * (d_phi + width) <= d_phi * width
 
 
+# the decoder self-attention's buffer entries (name -> whether dim 2 counts positions): the lazy cache
+# or the state, each with its reorder spare under spare_name(name)
+ENTRIES = {"phi_keys": True, "writes": True, "decay": True, "state": False}
+
+
+def spare_name(name: str) -> str:
+    return f"{name}_spare"
+
+
+def capacity(d_phi: int, width: int) -> int:
+    """The most positions a cache holds before it is folded: the largest length that `fits`."""
+    return d_phi * width // (d_phi + width)
+
+
+def _room(cache: Tensor) -> int:
+    """How many positions the storage under cache [B, H, t, ...] holds from its start on dim 2:
+    cap when it is the [:, :, :t] view of a [B' >= B, H, cap, ...] storage, else t."""
+    row = math.prod(cache.shape[3:])
+    B, H = cache.shape[:2]
+    cap = cache.stride(1) // max(row, 1)
+    laid_out = (cache.storage_offset() == 0 and cache.stride(0) == H * cache.stride(1)
+                and cache.stride(1) == cap * row and cache.stride(2) == row
+                and cache.untyped_storage().nbytes() >= B * cache.stride(0) * cache.element_size())
+    return cap if laid_out and cap >= cache.size(2) else cache.size(2)
+
+
+def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
+    """cache [B, H, t, ...] (None: t = 0) with row [B, H, 1, ...] after it -> [B, H, t + 1, ...].
+
+    Without autograd the row is written in place when the cache's storage has room, else into a new
+    storage of max(positions, 2 (t + 1)) positions; with autograd it is a concatenation."""
+    if torch.is_grad_enabled():
+        return row if cache is None else torch.cat([cache, row], dim=2)
+    t = 0 if cache is None else cache.size(2)
+    if cache is None or _room(cache) <= t:
+        storage = row.new_empty((*row.shape[:2], max(positions, 2 * (t + 1)), *row.shape[3:]))
+        if cache is not None:
+            storage[:, :, :t] = cache
+        cache = storage[:, :, :t]
+    grown = cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
+    grown[:, :, t:] = row
+    return grown
+
+
+def reorder(cache: Tensor, order: Tensor, spare: Optional[Tensor], positions: bool = True
+            ) -> Tuple[Tensor, Optional[Tensor]]:
+    """Beam search's rows `order` [B'] of cache [B, H, ...] -> (the reordered cache, the next spare).
+
+    Without autograd the rows are gathered into `spare` (the storage the previous reorder left free)
+    when it has room for them (B' rows and, with `positions`, the t positions of a lazy cache's dim 2;
+    the state has none), else into a new storage with the cache's room; the old cache's storage is then
+    the spare. With autograd: index_select, and no spare."""
+    if torch.is_grad_enabled():
+        return cache.index_select(0, order), None
+    rows, t = order.numel(), cache.size(2)
+    if spare is not None and spare.size(0) >= rows and spare.shape[1] == cache.shape[1] and (
+            spare.shape[3:] == cache.shape[3:] and (_room(spare) >= t if positions else spare.size(2) == t)):
+        out = spare.as_strided((rows, *cache.shape[1:]), spare.stride())
+    else:  # the first reorder, or more rows than the spare has
+        room = _room(cache) if positions else t
+        out = cache.new_empty((rows, cache.size(1), room, *cache.shape[3:])).narrow(2, 0, t)
+    return torch.index_select(cache, 0, order, out=out), cache
+
+
 def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor],
               writes: Optional[Tensor], decay: Optional[Tensor], beta: Optional[Tensor] = None,
               alpha: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
@@ -44,7 +115,8 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor
     delta rule, gated by alpha if given. Returns (o [B, H, 1, M], phi_keys [B, H, t, E],
     writes [B, H, t, M], decay [B, H, t] for the gated rule else None)."""
     if decay is not None and alpha is not None:
-        decay = decay * alpha  # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s
+        # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
+        decay = decay * alpha if torch.is_grad_enabled() else decay.mul_(alpha)
     u = v
     if writes is None:
         past = None
@@ -62,11 +134,13 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor
         u = beta[..., None] * u  # [B, H, 1, 1] * [B, H, 1, M]
     own = (phi_q * phi_k).sum(-1, keepdim=True) * u  # [B, H, 1, M]: position t reads its own write
     o = own if past is None else past + own
-    phi_keys = phi_k if phi_past is None else torch.cat([phi_past, phi_k], dim=2)  # [B, H, t, E]
-    writes = u if writes is None else torch.cat([writes, u], dim=2)  # [B, H, t, M]
+    positions = capacity(phi_k.size(-1), u.size(-1))  # the cache is folded before it outgrows this
+    phi_keys = append(phi_past, phi_k, positions)  # [B, H, t, E]
+    writes = append(writes, u, positions)  # [B, H, t, M]
     if alpha is not None:
-        one = alpha.new_ones(alpha.shape)  # [B, H, 1]: the new position is not decayed yet
-        decay = one if decay is None else torch.cat([decay, one], dim=2)  # [B, H, t]
+        # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
+        decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
+                       positions)[..., 0]
     return o, phi_keys, writes, decay
 
 

@@ -25,11 +25,12 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
-from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
+from fw_fairseq.modules.decoder_state import ENTRIES, fits, fold, lazy_step, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
 from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
                             feature_map)
+from fw_fairseq.ops.step import step_in_place
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -216,11 +217,19 @@ class FastWeightAttention(nn.Module):
             if decay is not None:
                 buffer["decay"] = decay
         else:
-            # the cache (if any) leaves the buffer, folded once into the state
+            # the cache (if any) and its spares leave the buffer, folded once into the state
             cache = [buffer.pop(name, None) for name in ("phi_keys", "writes", "decay")]
+            for name in ("phi_keys", "writes", "decay"):
+                buffer.pop(spare_name(name), None)
             state = buffer.get("state", None if cache[0] is None else fold(*cache))
-            o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
-                                                  initial_state=state, output_final_state=True)
+            if phi_q.size(2) == 1 and state is not None and not torch.is_grad_enabled():
+                # generation: the state is this layer's own, updated in place (step_in_place)
+                beta, alpha = (*writes.scalars, None, None)[:2]
+                o = step_in_place(phi_q, writes.phi_k, writes.v, beta, alpha, state)
+                buffer["state"] = state
+            else:
+                o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
+                                                      initial_state=state, output_final_state=True)
         self._set_input_buffer(incremental_state, buffer)
         return o
 
@@ -256,13 +265,20 @@ class FastWeightAttention(nn.Module):
             return
         # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
         # finished): the identity must not copy every cache and state
-        hypotheses = next(x.size(0) for name, x in buffer.items() if x is not None and name != "memory")
+        spares = {spare_name(name) for name in ENTRIES}
+        hypotheses = next(x.size(0) for name, x in buffer.items()
+                          if x is not None and name != "memory" and name not in spares)
         if new_order.numel() == hypotheses and torch.equal(
                 new_order, torch.arange(hypotheses, device=new_order.device)):
             return
         memory, rows = buffer.get("memory"), buffer.get("memory_rows")
-        for name, tensor in buffer.items():
-            if tensor is not None and name != "memory":
+        for name, tensor in list(buffer.items()):
+            if tensor is None or name == "memory" or name in spares:
+                continue
+            if name in ENTRIES:  # the decoder state: gathered into its spare storage (decoder_state.py)
+                buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),
+                                                                 positions=ENTRIES[name])
+            else:
                 buffer[name] = tensor.index_select(0, new_order)
         if memory is not None and rows is not None:
             beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering

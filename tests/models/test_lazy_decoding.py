@@ -35,8 +35,16 @@ def left_padded(d, lengths, width, g):
     return tokens
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["generation", "autograd"])
 @pytest.mark.parametrize("feature_map,rule", list(itertools.product(FEATURE_MAPS, RULES)))
-def test_lazy_decoding_equals_teacher_forcing_across_the_switch(feature_map, rule):
+def test_lazy_decoding_equals_teacher_forcing_across_the_switch(feature_map, rule, grad):
+    """Without autograd (fairseq-generate) the cache is appended in place, reordered through spares
+    and the state stepped in place; with autograd every step makes new tensors."""
+    with torch.set_grad_enabled(grad):
+        _decode_across_the_switch(feature_map, rule)
+
+
+def _decode_across_the_switch(feature_map, rule):
     model, d = build_model(fw_args(feature_map, rule))
     attention = model.decoder.layers[0].self_attn
     switch = switch_step(attention)
@@ -80,13 +88,22 @@ def test_memory_grows_until_the_switch_then_stays_flat(feature_map, rule):
     g = torch.Generator().manual_seed(4)
     src, prev = random_tokens(d, 2, 5, g), random_tokens(d, 2, switch + 6, g)
     encoder_out = model.encoder(src, src_lengths=torch.full((2,), 5))
-    state, sizes = {}, []
+    state, sizes, storages = {}, [], []
     for t in range(prev.size(1)):
-        model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        sizes.append(sum(x.numel() for x in attention._get_input_buffer(state).values()))
+        with torch.no_grad():
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+            if t % 2:  # beam search's reorders bring the spares
+                model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0]))
+        buffer = attention._get_input_buffer(state)
+        sizes.append(sum(x.numel() for name, x in buffer.items() if x is not None and "spare" not in name))
+        storages.append(sum({x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
+                             for x in buffer.values() if x is not None}.values()))
     lazy, folded = sizes[: switch - 1], sizes[switch - 1:]
     assert lazy == sorted(set(lazy)), lazy  # the cache grows by one position per step
     assert len(set(folded)) == 1 and folded[0] >= lazy[-1], sizes  # then the fixed-size state
+    # what is allocated: the cache's storages at its full capacity from the first step, then the state's
+    assert len(set(storages[1: switch - 1])) == 1 and len(set(storages[switch + 1:])) == 1, storages
+    assert max(storages) <= 2 * storages[-1], storages  # a spare each: never above two states
 
 
 def test_an_identity_reorder_copies_nothing():

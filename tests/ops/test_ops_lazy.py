@@ -4,7 +4,7 @@ gives its state, so decoding can continue with the fixed-size step (float64)."""
 import pytest
 import torch
 
-from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
+from fw_fairseq.modules.decoder_state import append, fits, fold, lazy_step, reorder
 from fw_fairseq.ops import append_z_column
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
 from fw_fairseq.ops.step import step_gated_delta, step_sum
@@ -44,6 +44,47 @@ def test_lazy_steps_and_fold_match_naive(make_inputs, rule):
     for a, b in zip(torch.autograd.grad(o, wrt, upstream), torch.autograd.grad(o_ref, wrt, upstream),
                     strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
+def test_lazy_steps_without_autograd_write_in_place_and_match_naive(make_inputs, rule):
+    """Generation's form: rows appended into the cache's storage (E = 6, M = 5 hold 2 positions, so
+    the storage also grows), beam reorders through the spares; outputs and fold as the naive loop's."""
+    q, k, v, beta, _ = make_inputs(B=3, H=2, T=7, E=6, M=5)
+    alpha = make_alpha(B=3, H=2, T=7)
+    scalars = {"sum": (), "delta": (beta,), "gated_delta": (beta, alpha)}[rule]
+    naive = {"sum": naive_sum, "delta": naive_delta, "gated_delta": naive_gated_delta}[rule]
+    orders = {3: torch.tensor([2, 0, 0]), 5: torch.tensor([1, 2, 1])}
+    rows, cache, spares, outputs = torch.arange(3), [None, None, None], [None, None, None], []
+    with torch.no_grad():
+        for t in range(7):
+            if t in orders:
+                rows = rows[orders[t]]
+                for i, x in enumerate(cache):
+                    if x is not None:
+                        cache[i], spares[i] = reorder(x, orders[t], spares[i])
+            step = [x[rows, :, t: t + 1] for x in (q, k, v, *scalars)]
+            o, *cache = lazy_step(*step[:3], *cache, *step[3:])
+            outputs.append((o, rows))
+    o_ref, s_ref = naive(q[rows], k[rows], *(x[rows] for x in (v, *scalars)), output_final_state=True)
+    # every hypothesis follows one row of the inputs (reorders only repeat rows' histories)
+    for t, (o, followed) in enumerate(outputs):
+        want = naive(*(x[followed, :, : t + 1] for x in (q, k, v, *scalars)))[0][:, :, t: t + 1]
+        torch.testing.assert_close(o, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
+    torch.testing.assert_close(fold(*cache), s_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_append_writes_into_the_storage_and_reorder_reuses_the_spare():
+    with torch.no_grad():
+        cache = append(None, torch.ones(2, 1, 1, 3), positions=4)  # storage of 4 positions
+        grown = append(cache, torch.full((2, 1, 1, 3), 2.0), positions=4)
+        assert grown.data_ptr() == cache.data_ptr() and grown.shape == (2, 1, 2, 3)
+        first, spare = reorder(grown, torch.tensor([1, 0]), None)  # a new storage, the old one spare
+        second, spare2 = reorder(first, torch.tensor([0]), spare)  # gathered into the spare
+        assert second.data_ptr() == grown.data_ptr() and spare2 is first
+        assert torch.equal(second, grown[1:]) and append(second, torch.zeros(1, 1, 1, 3), 4).shape[2] == 3
+    with_grad = append(grown, torch.zeros(2, 1, 1, 3), positions=4)  # autograd: a concatenation
+    assert with_grad.data_ptr() != grown.data_ptr() and torch.equal(with_grad[:, :, :2], grown)
 
 
 @pytest.mark.parametrize("rule", ["sum", "gated_delta"])

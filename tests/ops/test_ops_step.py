@@ -27,3 +27,20 @@ def test_step_matches_naive_outputs_states_and_grads(make_inputs, rule, with_sta
     for a, b in zip(torch.autograd.grad((o, s), wrt, upstream, allow_unused=True, materialize_grads=True),
                     torch.autograd.grad((o_ref, s_ref), wrt, upstream), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_in_place_step_matches_the_step(make_inputs, rule, with_state):
+    """step_in_place (generation) gives the step's output and leaves the step's state in its argument."""
+    from fw_fairseq.ops.step import step_in_place
+
+    q, k, v, beta, state = make_inputs(B=2, H=3, T=1, E=6, M=5)
+    alpha = make_alpha(B=2, H=3, T=1)
+    state = state if with_state else torch.zeros_like(state)
+    o_ref, s_ref = run_rule(rule, "naive", q, k, v, beta, state, alpha=alpha)
+    scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
+    updated = state.clone()
+    o = step_in_place(q, k, v, *scalars, updated)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(updated, s_ref, rtol=1e-12, atol=1e-12)
