@@ -79,7 +79,9 @@ def markdown(meta: dict, rows: list, configs: list) -> str:
              f"{meta['machine_note']} CPU x{meta['cpu_count']}, {meta['threads']} torch thread(s), "
              f"torch {meta['torch']}, "
              f"{meta['sentences']} sentences of {meta['source_length']} tokens, copy bandwidth "
-             f"{meta['copy_bandwidth_gb_s']:.1f} GB/s. Each cell: tokens/s (x softmax), "
+             f"{meta['copy_bandwidth_gb_s']:.1f} GB/s"
+             + (f", cells up to 128 tokens the fastest of {meta['repeats_up_to_128_tokens']} runs"
+                if "repeats_up_to_128_tokens" in meta else "") + ". Each cell: tokens/s (x softmax), "
              f"fraction of its own bytes floor, MB moved per token by the floor, peak RSS MiB.", "",
              "| beam | N | " + " | ".join(configs) + " |",
              "|---:|---:|" + "---:|" * len(configs)]

@@ -142,6 +142,7 @@ def main(argv=None):
         done = {(r["config"], r["seed"]) for r in results["runs"]}
         results["runs"] += [r for r in previous["runs"] if (r["config"], r["seed"]) not in done]
         results["configs"] = {**previous["configs"], **results["configs"]}
+        results["seeds"] = sorted({r["seed"] for r in results["runs"]})
     stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
     print(compare_report.write(stem, results))
     print(f"results: {stem}.json, table {stem}.md, curves {stem}.png")

@@ -1,7 +1,8 @@
 """The table (Markdown) and the valid-loss curves (PNG) of a compare_attention result file.
 
-Each configuration's numbers are means over its seeds; ratios are taken against the softmax row of the
-same file (same preset, updates and seeds). Used by scripts/compare_attention.py, also with --report-only.
+Each configuration's numbers are means over its seeds; its BLEU ratio is taken against softmax's mean over
+the same seeds (paired: rows run with fewer seeds are not compared with a mean of more), from the same
+file (same preset and updates). Used by scripts/compare_attention.py, also with --report-only.
 """
 import statistics
 from pathlib import Path
@@ -31,32 +32,58 @@ def summarise(results):
         bleus = [r["bleu"] for r in runs]
         steps = sorted({u for r in runs for u, _ in r["curve"]})
         curve = [(u, _mean([dict(r["curve"]).get(u) for r in runs])) for u in steps]
-        rows[name] = {"kind": config["kind"], "flags": config["flags"], "seeds": len(runs),
+        rows[name] = {"kind": config["kind"], "flags": config["flags"], "seeds": sorted(r["seed"] for r in runs),
+                      "bleu_by_seed": {r["seed"]: r["bleu"] for r in runs},
                       "bleu": statistics.fmean(bleus), "bleu_sd": statistics.pstdev(bleus),
                       "valid_loss": curve[-1][1] if curve else None,
                       "seconds_per_update": _mean([r["seconds_per_update"] for r in runs]), "curve": curve}
     return rows
 
 
+def paired(row, ref):
+    """row's mean BLEU over its seeds / the reference's mean over those seeds (None if it lacks one)."""
+    if not set(row["seeds"]) <= set(ref["seeds"]):
+        return None
+    return row["bleu"] / statistics.fmean(ref["bleu_by_seed"][s] for s in row["seeds"])
+
+
+def paired_ratio(row, ref):
+    value = paired(row, ref)
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _lr(flags):
+    return flags[flags.index("--lr") + 1] if "--lr" in flags else None
+
+
+def reference(rows, row):
+    """The softmax row a row is compared with: the one trained with the same --lr override (none: softmax)."""
+    return next((ref for ref in rows.values() if ref["kind"] == "softmax" and _lr(ref["flags"]) == _lr(row["flags"])),
+                rows["softmax"])
+
+
 def table(results):
     rows = summarise(results)
     ref = rows["softmax"]
-    lines = [f"{results['preset']} preset, {results['updates']} updates, seeds {results['seeds']}, "
+    seeds = sorted({r["seed"] for r in results["runs"]})
+    lines = [f"{results['preset']} preset, {results['updates']} updates, seeds {seeds}, "
              f"{results['cpu_count']} threads, torch {results['torch']}",
-             "", "| configuration | kind | BLEU | × softmax | valid loss | s / update | × softmax time |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "", "| configuration | kind | seeds | BLEU | × softmax (same seeds, same --lr) | valid loss | s / update | "
+             "× softmax time |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
-        spread = f" ± {row['bleu_sd']:.2f}" if row["seeds"] > 1 else ""
+        spread = f" ± {row['bleu_sd']:.2f}" if len(row["seeds"]) > 1 else ""
         time_ratio = _ratio(row["seconds_per_update"] or 0, ref["seconds_per_update"])
         seconds = f"{row['seconds_per_update']:.3f}" if row["seconds_per_update"] else "–"
         loss = f"{row['valid_loss']:.3f}" if row["valid_loss"] is not None else "–"
-        lines.append(f"| {name} | {row['kind']} | {row['bleu']:.2f}{spread} | {_ratio(row['bleu'], ref['bleu'])} | "
+        lines.append(f"| {name} | {row['kind']} | {','.join(map(str, row['seeds']))} | {row['bleu']:.2f}{spread} | "
+                     f"{paired_ratio(row, reference(rows, row))} | "
                      f"{loss} | {seconds} | {time_ratio} |")
     fast = {name: row for name, row in rows.items() if row["kind"] == "fast"}
     if fast:
-        worst, best = min(fast, key=lambda n: fast[n]["bleu"]), max(fast, key=lambda n: fast[n]["bleu"])
-        lines += ["", f"Fast-weight rows: best {best} {_ratio(fast[best]['bleu'], ref['bleu'])} softmax BLEU, "
-                      f"worst {worst} {_ratio(fast[worst]['bleu'], ref['bleu'])}."]
+        ratios = {name: paired(row, reference(rows, row)) or 0.0 for name, row in fast.items()}
+        worst, best = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+        lines += ["", f"Fast-weight rows: best {best} {paired_ratio(fast[best], reference(rows, fast[best]))} softmax BLEU, "
+                      f"worst {worst} {paired_ratio(fast[worst], reference(rows, fast[worst]))}."]
     lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
