@@ -141,7 +141,8 @@ def main():
 
     meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "sentences": args.sentences,
             "source_length": SOURCE_LENGTH, "models": MODELS, "machine": platform.processor() or "cpu",
-            "machine_note": args.note, "repeats_up_to_128_tokens": args.repeats, "cpu_count": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
+            "machine_note": args.note, "repeats_up_to_128_tokens": args.repeats, "cpu_count": os.cpu_count(),
+            "threads": args.threads, "torch": torch.__version__,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "shapes": model_shapes}
     table = markdown(meta, results, list(MODELS))
     print("\n" + table)

@@ -47,8 +47,7 @@ def paired(row, ref):
     return row["bleu"] / statistics.fmean(ref["bleu_by_seed"][s] for s in row["seeds"])
 
 
-def paired_ratio(row, ref):
-    value = paired(row, ref)
+def _ratio_text(value):
     return "–" if value is None else f"{value:.2f}×"
 
 
@@ -70,20 +69,21 @@ def table(results):
              f"{results['cpu_count']} threads, torch {results['torch']}",
              "", "| configuration | kind | seeds | BLEU | × softmax (same seeds, same --lr) | valid loss | s / update | "
              "× softmax time |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    ratios = {name: paired(row, reference(rows, row)) for name, row in rows.items()}
     for name, row in rows.items():
         spread = f" ± {row['bleu_sd']:.2f}" if len(row["seeds"]) > 1 else ""
         time_ratio = _ratio(row["seconds_per_update"] or 0, ref["seconds_per_update"])
         seconds = f"{row['seconds_per_update']:.3f}" if row["seconds_per_update"] else "–"
         loss = f"{row['valid_loss']:.3f}" if row["valid_loss"] is not None else "–"
         lines.append(f"| {name} | {row['kind']} | {','.join(map(str, row['seeds']))} | {row['bleu']:.2f}{spread} | "
-                     f"{paired_ratio(row, reference(rows, row))} | "
+                     f"{_ratio_text(ratios[name])} | "
                      f"{loss} | {seconds} | {time_ratio} |")
     fast = {name: row for name, row in rows.items() if row["kind"] == "fast"}
     if fast:
-        ratios = {name: paired(row, reference(rows, row)) or 0.0 for name, row in fast.items()}
-        worst, best = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-        lines += ["", f"Fast-weight rows: best {best} {paired_ratio(fast[best], reference(rows, fast[best]))} softmax BLEU, "
-                      f"worst {worst} {paired_ratio(fast[worst], reference(rows, fast[worst]))}."]
+        ranked = sorted(fast, key=lambda name: ratios[name] or 0.0)  # rows with no paired ratio first
+        worst, best = ranked[0], ranked[-1]
+        lines += ["", f"Fast-weight rows: best {best} {_ratio_text(ratios[best])} softmax BLEU, "
+                      f"worst {worst} {_ratio_text(ratios[worst])}."]
     lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")

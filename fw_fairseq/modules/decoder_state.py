@@ -45,6 +45,13 @@ def fits(length: int, d_phi: int, width: int) -> bool:
 # the decoder self-attention's buffer entries (name -> whether dim 2 counts positions): the lazy cache
 # or the state, each with its reorder spare under spare_name(name)
 ENTRIES = {"phi_keys": True, "writes": True, "decay": True, "state": False}
+CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_step's, in its order
+
+
+def in_place() -> bool:
+    """Whether the decoding state is written in place: in generation, where nothing is differentiated
+    (fairseq-generate runs under no_grad); with autograd every step makes new tensors."""
+    return not torch.is_grad_enabled()
 
 
 def spare_name(name: str) -> str:
@@ -73,7 +80,7 @@ def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
 
     Without autograd the row is written in place when the cache's storage has room, else into a new
     storage of max(positions, 2 (t + 1)) positions; with autograd it is a concatenation."""
-    if torch.is_grad_enabled():
+    if not in_place():
         return row if cache is None else torch.cat([cache, row], dim=2)
     t = 0 if cache is None else cache.size(2)
     if cache is None or _room(cache) <= t:
@@ -94,7 +101,7 @@ def reorder(cache: Tensor, order: Tensor, spare: Optional[Tensor], positions: bo
     when it has room for them (B' rows and, with `positions`, the t positions of a lazy cache's dim 2;
     the state has none), else into a new storage with the cache's room; the old cache's storage is then
     the spare. With autograd: index_select, and no spare."""
-    if torch.is_grad_enabled():
+    if not in_place():
         return cache.index_select(0, order), None
     rows, t = order.numel(), cache.size(2)
     if spare is not None and spare.size(0) >= rows and spare.shape[1] == cache.shape[1] and (
@@ -116,7 +123,7 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor
     writes [B, H, t, M], decay [B, H, t] for the gated rule else None)."""
     if decay is not None and alpha is not None:
         # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
-        decay = decay * alpha if torch.is_grad_enabled() else decay.mul_(alpha)
+        decay = decay.mul_(alpha) if in_place() else decay * alpha
     u = v
     if writes is None:
         past = None

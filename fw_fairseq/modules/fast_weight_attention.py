@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
-from fw_fairseq.modules.decoder_state import ENTRIES, fits, fold, lazy_step, reorder, spare_name
+from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, fits, fold, in_place, lazy_step, reorder,
+                                               spare_name)
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
 from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
@@ -218,11 +219,12 @@ class FastWeightAttention(nn.Module):
                 buffer["decay"] = decay
         else:
             # the cache (if any) and its spares leave the buffer, folded once into the state
-            cache = [buffer.pop(name, None) for name in ("phi_keys", "writes", "decay")]
-            for name in ("phi_keys", "writes", "decay"):
+            cache = []
+            for name in CACHE:
                 buffer.pop(spare_name(name), None)
+                cache.append(buffer.pop(name, None))
             state = buffer.get("state", None if cache[0] is None else fold(*cache))
-            if phi_q.size(2) == 1 and state is not None and not torch.is_grad_enabled():
+            if phi_q.size(2) == 1 and state is not None and in_place():
                 # generation: the state is this layer's own, updated in place (step_in_place)
                 beta, alpha = (*writes.scalars, None, None)[:2]
                 o = step_in_place(phi_q, writes.phi_k, writes.v, beta, alpha, state)
