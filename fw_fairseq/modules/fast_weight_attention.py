@@ -14,8 +14,8 @@ What the attention computes comes from two places of fw_fairseq.ops, never decid
   This module learns each scalar from the key-side input x_t, per head:
     beta_t  = beta_max * sigmoid(w_beta^T x_t + b)    (write strength; --fw-delta-beta-max)
     alpha_t = sigmoid(w_alpha^T x_t + b), b starting at GATE_BIAS_INIT  (decay of the gated rule)
-Padding: phi(k) is zeroed at padded positions after the feature map (phi(0) != 0), and each
-scalar takes the record's pad value there (nothing written, nothing decayed).
+Padding: a padded position's value row (with the z column) is zeroed, and each scalar takes the
+record's pad value there (beta = 0, alpha = 1): it writes nothing and decays nothing.
 """
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -137,8 +137,12 @@ class FastWeightAttention(nn.Module):
         scalars = [scales[name] * torch.sigmoid(logits.to(dtype)).permute(1, 2, 0)
                    for name, logits in zip(self.rule.scalars, projected.scalar_logits)]
         if key_padding_mask is not None:
+            # A padded position writes nothing when its value row (with the z column) is zero and its
+            # scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
+            # subtract what its key reads). Its phi(k) may stay: phi(0) != 0 is then multiplied by 0,
+            # and the value rows (M + 1 wide) are cheaper to mask than phi(k) (E wide).
             pad = key_padding_mask.bool()[:, None, :]  # [B, 1, S]
-            phi_k = phi_k.masked_fill(pad[..., None], 0.0)
+            v = v.masked_fill(pad[..., None], 0.0)
             scalars = [x.masked_fill(pad, self.rule.pad_values[name])
                        for name, x in zip(self.rule.scalars, scalars)]
         return Writes(phi_k, v, tuple(scalars))

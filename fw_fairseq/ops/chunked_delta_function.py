@@ -69,6 +69,14 @@ def unit_lower_inverse_(L):
     return L[..., :C, :C]
 
 
+def _add_bmm(acc, a, b, alpha=1):
+    """acc + alpha (a @ b) for batched matrices, written into acc; acc None stands for zero."""
+    if acc is None:
+        product = torch.bmm(a, b)
+        return product if alpha == 1 else product.mul_(alpha)
+    return acc.baddbmm_(a, b, alpha=alpha)
+
+
 class ChunkedDelta(torch.autograd.Function):
     """(o [BH, N, C, M] or None, final state [BH, E, M] or None) = causal (gated) delta rule over chunks."""
 
@@ -124,6 +132,8 @@ class ChunkedDelta(torch.autograd.Function):
     @first_order  # not itself differentiable: double backward fails loudly; autocast off
     def backward(ctx, dO, dS_final):
         Q, K, beta, g, X, T, u, r, P, states = ctx.saved_tensors
+        if (dO is None or Q is None) and dS_final is None:
+            return (None,) * 8  # neither output's gradient reached the op: every input's is zero
         BH, N, C, E = K.shape
         M = u.shape[-1]
         BHN = BH * N
@@ -140,29 +150,38 @@ class ChunkedDelta(torch.autograd.Function):
         reads = None  # Q_nᵀ dO_n, the output's gradient of S_n
         if dO_ is not None and states is not None:
             reads = torch.bmm(Q_read.transpose(1, 2), dO_).view(BH, N, E, M)
-        Gn = K.new_zeros(BH, E, M) if dS_final is None else dS_final  # G_n, the gradient of S_{n+1}
+        # G_n, the gradient of S_{n+1} [BH, E, M]; None while it is zero (no dS_final: the last chunk's),
+        # as the forward's S: a zero [BH, E, M] buffer and its products cost more than a short
+        # sequence's whole backward on a CPU
+        Gn = dS_final
         grads_after, dus, drs = [], [], []  # per chunk, collected last to first
         for n in range(N - 1, -1, -1):
             grads_after.append(Gn)
-            du = torch.bmm(K_write[:, n], Gn) if out_du is None else torch.baddbmm(out_du[:, n], K_write[:, n], Gn)
+            # the output's gradient or the state's, at least one of which reaches the last chunk
+            du = out_du[:, n] if Gn is None else (
+                torch.bmm(K_write[:, n], Gn) if out_du is None else torch.baddbmm(out_du[:, n], K_write[:, n], Gn))
             dr = torch.bmm(Tb[:, n].transpose(1, 2), du)
             dus.append(du)
             drs.append(dr)
             if n == 0 and not ctx.has_S0:
                 break  # the gradient of a zero initial state is not needed
-            carried = Gn if gates is None else Gn * gates.chunk[:, n]
-            Gn = torch.baddbmm(carried if reads is None else carried + reads[:, n], K_read[:, n].transpose(1, 2),
-                               dr, alpha=-1)
+            carried = None if Gn is None else Gn if gates is None else Gn * gates.chunk[:, n]
+            if reads is not None:
+                carried = reads[:, n] if carried is None else carried + reads[:, n]
+            read_t = K_read[:, n].transpose(1, 2)  # [BH, E, C]
+            Gn = torch.bmm(read_t, dr).neg_() if carried is None else torch.baddbmm(carried, read_t, dr, alpha=-1)
         dS0 = Gn if ctx.has_S0 else None
-        grad_after, du, dr = (torch.stack(x[::-1], 1) for x in (grads_after, dus, drs))  # [BH, N, ...]
+        du, dr = (torch.stack(x[::-1], 1) for x in (dus, drs))  # [BH, N, C, M]
+        grad_after = stack_chunk_states(grads_after[::-1], K)  # [BH, N, E, M], None when all are zero
         du_, dr_ = du.view(BHN, C, M), dr.view(BHN, C, M)
         states_t = None if states is None else states.view(BHN, E, M).transpose(1, 2)  # [BHN, M, E]
 
-        dK = torch.bmm(u_, grad_after.view(BHN, E, M).transpose(1, 2))  # [BHN, C, E], from S_{n+1} = S_n + Kᵀ u
+        # [BHN, C, E] or None while zero, from S_{n+1} = S_n + Kᵀ u
+        dK = None if grad_after is None else torch.bmm(u_, grad_after.view(BHN, E, M).transpose(1, 2))
         dK_read = dQ_read = dP = None
         if states is not None:  # from r = V − K S_n
             if gates is None:
-                dK.baddbmm_(dr_, states_t, alpha=-1)
+                dK = _add_bmm(dK, dr_, states_t, alpha=-1)
             else:
                 dK_read = torch.bmm(dr_, states_t).neg_()
         dQ = None
@@ -170,7 +189,7 @@ class ChunkedDelta(torch.autograd.Function):
             dP = torch.bmm(dO_, u_.transpose(1, 2)).tril_()  # [BHN, C, C]
             if gates is None:
                 dQ = torch.bmm(dP, K_)
-                dK.baddbmm_(dP.transpose(1, 2), Q_)
+                dK = _add_bmm(dK, dP.transpose(1, 2), Q_)
                 if states is not None:
                     dQ.baddbmm_(dO_, states_t)
             elif states is not None:
@@ -186,10 +205,11 @@ class ChunkedDelta(torch.autograd.Function):
         dX = dL.mul_(b)
         dg = None
         if gates is None:
-            dK.baddbmm_(dX + dX.transpose(1, 2), K_)
+            dK = _add_bmm(dK, dX + dX.transpose(1, 2), K_)
         else:
-            dK, dQ, dg = gated_backward_terms(gates, K_, Q_, dK, dK_read, dQ_read, dP, P, dX, X)
-            if states is not None:  # S_{n+1} = exp(g_C) S_n + ...
+            dK_write = K_.new_zeros(BHN, C, E) if dK is None else dK
+            dK, dQ, dg = gated_backward_terms(gates, K_, Q_, dK_write, dK_read, dQ_read, dP, P, dX, X)
+            if states is not None and grad_after is not None:  # S_{n+1} = exp(g_C) S_n + ...
                 dg[:, -1] += gates.chunk.view(BHN) * (grad_after * states).sum((2, 3)).view(BHN)
             dg = dg.view(BH, N, C)
         dQ = None if dQ is None else dQ.view(BH, N, C, E)

@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dpfp_function import DpfpFunction
+from .normalize_function import NormalizeFunction, norm_of
+
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -45,7 +48,7 @@ def sum_normalize(x, eps=1e-6):
     normalised whenever the sum exceeds eps, and an all-zero row (a padded position) gives 0,
     never NaN, with a finite gradient.
     """
-    return x / x.sum(dim=-1, keepdim=True).clamp_min(eps)
+    return _normalize(x, "sum", eps)
 
 
 def l2_normalize(x, eps=1e-6):
@@ -55,7 +58,15 @@ def l2_normalize(x, eps=1e-6):
     sum-normalised key (||phi(k)||_2 <= 1, about E^-1/2 when phi is spread out) only moves the
     stored value a fraction ||phi(k)||^2 of the way. Clamped like sum_normalize: 0 stays 0.
     """
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+    return _normalize(x, "l2", eps)
+
+
+def _normalize(x, kind, eps):
+    """x / max(norm_of(x, kind), eps): eagerly with the hand-written backward (normalize_function.py),
+    as the plain formula while torch.compile traces (it fuses that itself)."""
+    if torch.compiler.is_compiling():
+        return x / norm_of(x, kind).clamp_min(eps)
+    return NormalizeFunction.apply(x, kind, eps)
 
 
 # --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
@@ -129,7 +140,11 @@ class Dpfp(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x, is_query):
-        return dpfp(x, self.nu)
+        # eager: the same function with a hand-written backward (dpfp_function.py); torch.compile
+        # traces the plain maths, which it fuses itself
+        if torch.compiler.is_compiling():
+            return dpfp(x, self.nu)
+        return DpfpFunction.apply(x, self.nu)
 
 
 class FavorPlus(FeatureMap):

@@ -1,0 +1,49 @@
+"""phi / n(phi) over the last dim with a hand-written backward, for both of --fw-delta-norm's norms.
+
+    sum: n = max(sum phi, eps)      l2: n = max(||phi||_2, eps)      y = phi / n
+
+Autograd's backward of the plain formula walks the E-wide tensors about ten times (the division's two
+gradients, the norm's, the clamp's mask): on a CPU two of them cost more than a DPFP-2 delta layer's
+chunked rule. Written out, with y = phi / n and an unclamped n:
+
+    sum: dphi = (g - (y . g)) / n          l2: dphi = (g - y (y . g)) / n
+
+and where n was clamped at eps, n is a constant: dphi = g / eps. Three passes over E-wide tensors.
+First order only (guards.first_order); while torch.compile traces, feature_maps' sum_normalize and
+l2_normalize use the plain formula, which it fuses by itself.
+"""
+import torch
+
+from .guards import first_order
+
+
+def norm_of(x, kind):
+    """The unclamped norm of `kind` ("sum" or "l2") over the last dim, kept: [..., 1]."""
+    if kind == "sum":
+        return x.sum(dim=-1, keepdim=True)
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+
+
+class NormalizeFunction(torch.autograd.Function):
+    """y = x / max(norm_of(x, kind), eps), x [..., E] -> y [..., E]."""
+
+    @staticmethod
+    def forward(ctx, x, kind, eps):
+        norm = norm_of(x, kind)  # [..., 1]
+        clamped = norm.clamp_min(eps)
+        y = x / clamped
+        ctx.save_for_backward(y, clamped, norm > eps)
+        ctx.kind = kind
+        return y
+
+    @staticmethod
+    @first_order
+    def backward(ctx, grad):
+        y, clamped, unclamped = ctx.saved_tensors
+        # (y . g), zero where the norm was clamped: there the division was by the constant eps
+        dot = torch.linalg.vecdot(y, grad).unsqueeze(-1).mul_(unclamped)  # [..., 1]
+        if ctx.kind == "sum":
+            dx = grad - dot
+        else:
+            dx = torch.addcmul(grad, y, dot, value=-1)
+        return dx.div_(clamped), None, None

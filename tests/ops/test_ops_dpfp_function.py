@@ -1,0 +1,70 @@
+"""DpfpFunction (the Dpfp map's eager form) against the plain maths of dpfp: outputs and gradients in
+float64 for every width of nu, exact zeros (relu's gradient at 0), strided inputs and upstream
+gradients, an empty batch, half precision; gradcheck; double backward refused; torch.compile's plain form."""
+import pytest
+import torch
+
+from fw_fairseq.ops import dpfp, feature_map
+from fw_fairseq.ops.dpfp_function import DpfpFunction
+
+
+def _grads(fn, x, upstream):
+    x = x.detach().requires_grad_()
+    y = fn(x)
+    (dx,) = torch.autograd.grad(y, x, upstream)
+    return y, dx
+
+
+@pytest.mark.parametrize("d,nu", [(1, 1), (3, 1), (3, 5), (4, 2), (8, 15), (16, 3), (64, 2)])
+def test_matches_plain_dpfp_outputs_and_gradients(d, nu):
+    g = torch.Generator().manual_seed(d * 100 + nu)
+    x = torch.randn(2, 3, 5, d, generator=g, dtype=torch.float64)
+    x[0, 0, 0, :] = 0  # a padded position: relu's gradient at 0 is 0 on both sides
+    x[1, 2, 3, 0] = 0
+    upstream = torch.randn(2, 3, 5, 2 * d * nu, generator=g, dtype=torch.float64)
+    expected, expected_dx = _grads(lambda t: dpfp(t, nu), x, upstream)
+    got, got_dx = _grads(lambda t: DpfpFunction.apply(t, nu), x, upstream)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # the same products, in the same order
+    torch.testing.assert_close(got_dx, expected_dx, rtol=1e-12, atol=1e-12)
+
+
+def test_strided_input_and_upstream_gradient():
+    x = torch.randn(5, 4, 6, dtype=torch.float64).transpose(0, 1)  # [4, 5, 6], not contiguous
+    upstream = torch.randn(4, 24, 5, dtype=torch.float64).transpose(1, 2)  # [4, 5, 24], not contiguous
+    expected, expected_dx = _grads(lambda t: dpfp(t, 2), x, upstream)
+    got, got_dx = _grads(lambda t: DpfpFunction.apply(t, 2), x, upstream)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(got_dx, expected_dx, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck():
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: DpfpFunction.apply(t, 3), (x,))
+
+
+def test_empty_batch_and_half_precision():
+    empty = torch.randn(0, 2, 4, requires_grad=True)
+    y = DpfpFunction.apply(empty, 2)
+    assert y.shape == (0, 2, 16)
+    y.sum().backward()
+    assert empty.grad.shape == empty.shape
+    x = torch.randn(3, 8, dtype=torch.float16)
+    torch.testing.assert_close(DpfpFunction.apply(x, 2), dpfp(x, 2), rtol=0, atol=0)
+
+
+def test_double_backward_is_refused():
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(DpfpFunction.apply(x, 2).sum(), x, create_graph=True)
+
+
+def test_map_uses_the_function_eagerly_and_the_plain_maths_under_compile():
+    phi = feature_map("dpfp", 4, nu=2)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert type(phi(x, False).grad_fn).__name__ == "DpfpFunctionBackward"
+    compiled = torch.compile(lambda t: phi(t, False), backend="aot_eager", fullgraph=True)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    expected, expected_dx = _grads(lambda t: dpfp(t, 2), x, torch.ones_like(y))
+    torch.testing.assert_close(y, expected)
+    torch.testing.assert_close(dx, expected_dx)
