@@ -49,6 +49,10 @@ CONFIGS = {
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                     "--fw-delta-norm", "l2"]),
     "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum"]),
+    # the wider DPFP of configs/wmt14_en_de/dpfp_nu4{,_delta}.sh (d_dot 512)
+    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum"]),
+    "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",
+                                    "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"]),
     # the learning rate of the fast-weight models (issue 14's candidate), and softmax's at the same
     "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3"]),
     "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),

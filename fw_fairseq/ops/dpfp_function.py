@@ -13,11 +13,29 @@ forward and backward over [..., 2 d nu] took as long as the rest of a DPFP-2 att
 
 Only r_ext is saved ([..., 2d + nu], never phi). First order only (guards.first_order), like the fast
 weight ops. While torch.compile traces, feature_maps.Dpfp calls the plain dpfp instead, which inductor
-fuses by itself.
+fuses by itself; when autograd records nothing, dpfp_forward alone (an autograd.Function's call
+costs about 5 us, a fifth of a decoding step's map).
 """
 import torch
 
 from .guards import first_order
+
+
+def dpfp_forward(x, nu):
+    """DPFP-nu of x [..., d] without autograd: (phi [..., 2 d nu], r_ext [..., 2d + nu]). Also the
+    eager form when nothing is recorded (generation, validation): as fast as the plain maths on a
+    decoding step's few rows and several times faster on a training batch."""
+    d = x.shape[-1]
+    lead = x.shape[:-1]
+    r_ext = x.new_empty(*lead, 2 * d + nu)  # [..., 2d + nu]: r's last nu entries, then r
+    torch.clamp_min(x, 0, out=r_ext[..., nu:nu + d])
+    torch.clamp_max(x, 0, out=r_ext[..., nu + d:]).neg_()
+    r_ext[..., :nu] = r_ext[..., 2 * d:]
+    r = r_ext[..., nu:]  # [..., 2d]
+    phi = x.new_empty(*lead, nu, 2 * d)  # [..., nu, 2d] = [..., E] once flattened
+    for i in range(1, nu + 1):
+        torch.mul(r, r_ext[..., nu - i:nu - i + 2 * d], out=phi[..., i - 1, :])
+    return phi.view(*lead, 2 * d * nu), r_ext
 
 
 class DpfpFunction(torch.autograd.Function):
@@ -25,19 +43,10 @@ class DpfpFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, nu):
-        d = x.shape[-1]
-        lead = x.shape[:-1]
-        r_ext = x.new_empty(*lead, 2 * d + nu)  # [..., 2d + nu]: r's last nu entries, then r
-        torch.clamp_min(x, 0, out=r_ext[..., nu:nu + d])
-        torch.clamp_max(x, 0, out=r_ext[..., nu + d:]).neg_()
-        r_ext[..., :nu] = r_ext[..., 2 * d:]
-        r = r_ext[..., nu:]  # [..., 2d]
-        phi = x.new_empty(*lead, nu, 2 * d)  # [..., nu, 2d] = [..., E] once flattened
-        for i in range(1, nu + 1):
-            torch.mul(r, r_ext[..., nu - i:nu - i + 2 * d], out=phi[..., i - 1, :])
+        phi, r_ext = dpfp_forward(x, nu)
         ctx.save_for_backward(r_ext)
         ctx.nu = nu
-        return phi.view(*lead, 2 * d * nu)
+        return phi
 
     @staticmethod
     @first_order

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_function import DpfpFunction
+from .dpfp_function import DpfpFunction, dpfp_forward
+from .favor_function import FavorFunction, favor_forward
 from .normalize_function import NormalizeFunction, norm_of
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -62,11 +63,16 @@ def l2_normalize(x, eps=1e-6):
 
 
 def _normalize(x, kind, eps):
-    """x / max(norm_of(x, kind), eps): eagerly with the hand-written backward (normalize_function.py),
-    as the plain formula while torch.compile traces (it fuses that itself)."""
-    if torch.compiler.is_compiling():
-        return x / norm_of(x, kind).clamp_min(eps)
-    return NormalizeFunction.apply(x, kind, eps)
+    """x / max(norm_of(x, kind), eps): with the hand-written backward (normalize_function.py) where
+    autograd records eagerly; else as the plain formula (torch.compile fuses it itself)."""
+    if _records(x) and not torch.compiler.is_compiling():
+        return NormalizeFunction.apply(x, kind, eps)
+    return x / norm_of(x, kind).clamp_min(eps)
+
+
+def _records(x):
+    """Whether autograd records an op on x: only then is an autograd.Function worth its call."""
+    return torch.is_grad_enabled() and x.requires_grad
 
 
 # --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
@@ -140,11 +146,13 @@ class Dpfp(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x, is_query):
-        # eager: the same function with a hand-written backward (dpfp_function.py); torch.compile
-        # traces the plain maths, which it fuses itself
+        # eager: the same function in fewer passes, with a hand-written backward where autograd
+        # records (dpfp_function.py); torch.compile traces the plain maths, which it fuses itself
         if torch.compiler.is_compiling():
             return dpfp(x, self.nu)
-        return DpfpFunction.apply(x, self.nu)
+        if _records(x):
+            return DpfpFunction.apply(x, self.nu)
+        return dpfp_forward(x, self.nu)[0]
 
 
 class FavorPlus(FeatureMap):
@@ -190,20 +198,33 @@ class FavorPlus(FeatureMap):
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"FavorPlus: x has last dim {x.shape[-1]}, expected head_dim={self.head_dim}")
         dtype = torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
-        x = x.to(dtype) * self.head_dim ** -0.25  # [..., d]
-        u = x @ self.projection.to(dtype).T  # [..., m]
-        half_sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # [..., 1]
-        exponents = torch.cat([u - half_sq_norm, -u - half_sq_norm], dim=-1)  # [..., 2m]
-        if is_query:
-            # A per-query factor exp(-c) cancels exactly downstream: the sum rule divides by
-            # z . phi(q) and the delta rule sum-normalises phi(q). Subtracting the row max keeps
-            # exp <= 1 however large |q| is.
-            exponents = exponents - exponents.amax(dim=-1, keepdim=True)
-        # Keys get no per-row shift: a per-key factor would reweight that key's value in the sum
-        # and change the function. They are bounded anyway: r.x - |x|^2/2 = |r|^2/2 - |x - r|^2/2
-        # <= |r_i|^2/2 for every row r_i of R (and likewise for -r_i). |r_i|^2 ~ chi^2(d), about d,
-        # so the exponent stays near d/2 = 32 for d = 64, far below float32's exp limit (~88).
-        return torch.exp(exponents) / math.sqrt(2 * self.num_features)
+        x, projection = x.to(dtype), self.projection.to(dtype)
+        # eager: the same function in fewer passes, with a hand-written backward where autograd
+        # records (favor_function.py); torch.compile traces the plain maths, which it fuses itself
+        if torch.compiler.is_compiling():
+            return favor_plus(x, projection, is_query)
+        if _records(x):
+            return FavorFunction.apply(x, projection, is_query)
+        return favor_forward(x, projection, is_query)[0]
+
+
+def favor_plus(x, projection, is_query):
+    """FAVOR+ of x [..., d] with R = projection [m, d] (FavorPlus's maths): [..., 2m]."""
+    d, m = x.shape[-1], projection.shape[0]
+    x = x * d ** -0.25  # [..., d]
+    u = x @ projection.T  # [..., m]
+    half_sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # [..., 1]
+    exponents = torch.cat([u - half_sq_norm, -u - half_sq_norm], dim=-1)  # [..., 2m]
+    if is_query:
+        # A per-query factor exp(-c) cancels exactly downstream: the sum rule divides by
+        # z . phi(q) and the delta rule normalises phi(q). Subtracting the row max keeps
+        # exp <= 1 however large |q| is.
+        exponents = exponents - exponents.amax(dim=-1, keepdim=True)
+    # Keys get no per-row shift: a per-key factor would reweight that key's value in the sum
+    # and change the function. They are bounded anyway: r.x - |x|^2/2 = |r|^2/2 - |x - r|^2/2
+    # <= |r_i|^2/2 for every row r_i of R (and likewise for -r_i). |r_i|^2 ~ chi^2(d), about d,
+    # so the exponent stays near d/2 = 32 for d = 64, far below float32's exp limit (~88).
+    return torch.exp(exponents) / math.sqrt(2 * m)
 
 
 FEATURE_MAPS = ("elu", "dpfp", "favor")

@@ -68,3 +68,12 @@ def test_map_uses_the_function_eagerly_and_the_plain_maths_under_compile():
     expected, expected_dx = _grads(lambda t: dpfp(t, 2), x, torch.ones_like(y))
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(dx, expected_dx)
+
+
+def test_without_autograd_the_map_runs_the_forward_alone():
+    phi = feature_map("dpfp", 8, nu=3)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        y = phi(x.requires_grad_(), False)
+    assert y.grad_fn is None
+    torch.testing.assert_close(y, dpfp(x.detach(), 3), rtol=0, atol=0)
