@@ -46,7 +46,7 @@ def test_bad_arguments_stop_with_one_line(argv, message, capsys):
 
 
 def test_committed_tables_are_generated_from_the_committed_results(tmp_path):
-    results = sorted((REPO / "results/compare_attention").glob("*.json"))
+    results = sorted((REPO / "results/compare_attention").rglob("*.json"))  # every run, in subfolders too
     assert results
     for path in results:
         data = json.loads(path.read_text())
