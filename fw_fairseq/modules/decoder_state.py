@@ -19,7 +19,8 @@ DPFP-2, E = 256, t = 64) recomputing phi of the cached keys took 7.4 ms a step a
 cached row 0.2 ms, against 3-11 ms for the whole state-form layer step. A step then reads
 t (E + M) values and the state form E M, so the module folds the writes into the state (`fold`)
 once t (E + M) passes E M (`fits`) and continues with the fixed-size step. Padded positions need
-no care: their phi(k) is zero (and their beta zero), so they read and write nothing.
+no care: their value rows (with the z column) and their beta are zero, so u_s = 0 and they write
+nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], phi_past [B, H, t-1, E], writes [B, H, t-1, M],
 decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 

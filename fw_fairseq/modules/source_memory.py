@@ -12,7 +12,8 @@ The cached source takes one of two forms, whichever a step reads fewer values of
   Delta rule: the u_s of the sequential writes, u_t = beta_t (v_t - sum_{s<t} (k_t . k_s) u_s), one
   unit lower triangular solve (ops/README.md's UT form over one chunk); the gated rule decays the
   pairs by gamma_t / gamma_s and folds W's decay gamma_S / gamma_s of each write into u_s.
-  Padded positions have phi(k) = 0 and beta = 0 (alpha = 1): they write nothing in either form.
+  Padded positions have zero value rows and beta = 0 (alpha = 1): u_s = 0, they write nothing in
+  either form.
 The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
 Rows are dim 0 of both forms, so the beam functions below serve both unchanged.
 """
