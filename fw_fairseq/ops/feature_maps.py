@@ -63,16 +63,26 @@ def l2_normalize(x, eps=1e-6):
 
 
 def _normalize(x, kind, eps):
-    """x / max(norm_of(x, kind), eps): with the hand-written backward (normalize_function.py) where
-    autograd records eagerly; else as the plain formula (torch.compile fuses it itself)."""
-    if _records(x) and not torch.compiler.is_compiling():
-        return NormalizeFunction.apply(x, kind, eps)
+    """x / max(norm_of(x, kind), eps) (normalize_function.py's forms)."""
+    return _eager_form(NormalizeFunction, _plain_normalize, _plain_normalize, x, kind, eps)
+
+
+def _plain_normalize(x, kind, eps):
     return x / norm_of(x, kind).clamp_min(eps)
 
 
-def _records(x):
-    """Whether autograd records an op on x: only then is an autograd.Function worth its call."""
-    return torch.is_grad_enabled() and x.requires_grad
+def _eager_form(function, plain, alone, x, *args):
+    """The one choice of form for the maths of phi, whose Functions (dpfp_function.py, favor_function.py,
+    normalize_function.py) compute it in fewer passes than autograd of the plain formula:
+    - while torch.compile traces, `plain`(x, *args): the compiler fuses it itself;
+    - eagerly where autograd records x, `function`.apply: the hand-written backward;
+    - eagerly where it does not (generation, validation), `alone`(x, *args), the forward without the
+      Function's call (about 5 us: a fifth of a decoding step's map)."""
+    if torch.compiler.is_compiling():
+        return plain(x, *args)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return function.apply(x, *args)
+    return alone(x, *args)
 
 
 # --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
@@ -146,13 +156,7 @@ class Dpfp(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x, is_query):
-        # eager: the same function in fewer passes, with a hand-written backward where autograd
-        # records (dpfp_function.py); torch.compile traces the plain maths, which it fuses itself
-        if torch.compiler.is_compiling():
-            return dpfp(x, self.nu)
-        if _records(x):
-            return DpfpFunction.apply(x, self.nu)
-        return dpfp_forward(x, self.nu)[0]
+        return _eager_form(DpfpFunction, dpfp, lambda t, nu: dpfp_forward(t, nu)[0], x, self.nu)
 
 
 class FavorPlus(FeatureMap):
@@ -198,14 +202,8 @@ class FavorPlus(FeatureMap):
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"FavorPlus: x has last dim {x.shape[-1]}, expected head_dim={self.head_dim}")
         dtype = torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
-        x, projection = x.to(dtype), self.projection.to(dtype)
-        # eager: the same function in fewer passes, with a hand-written backward where autograd
-        # records (favor_function.py); torch.compile traces the plain maths, which it fuses itself
-        if torch.compiler.is_compiling():
-            return favor_plus(x, projection, is_query)
-        if _records(x):
-            return FavorFunction.apply(x, projection, is_query)
-        return favor_forward(x, projection, is_query)[0]
+        return _eager_form(FavorFunction, favor_plus, lambda t, *args: favor_forward(t, *args)[0],
+                           x.to(dtype), self.projection.to(dtype), is_query)
 
 
 def favor_plus(x, projection, is_query):
