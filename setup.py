@@ -2,6 +2,9 @@
 
 The CUDA extension in cuda/ is built only when nvcc and a CUDA build of torch are present;
 a CPU install skips it (and says so once) and uses the chunked PyTorch path.
+The CPU extension in cpu/ (DPFP's fused forward and backward) is built wherever torch is importable
+at build time; it is optional: if it cannot be compiled, the install goes on and DPFP uses its
+PyTorch form (fw_fairseq/ops/dpfp_function.py).
 """
 import glob
 import os
@@ -36,12 +39,26 @@ def cuda_extension():
     return [ext], {"build_ext": BuildExtension}
 
 
+def cpu_extension():
+    """(ext_modules, cmdclass) for fw_fairseq._cpu, or ([], {}) without torch at build time."""
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print("fw_fairseq: CPU extension skipped: torch is not importable at build time")
+        return [], {}
+    ext = CppExtension(name="fw_fairseq._cpu", sources=[os.path.join("cpu", "dpfp.cpp")],
+                       extra_compile_args=["-O3", "-fopenmp"], optional=True)
+    return [ext], {"build_ext": BuildExtension}
+
+
 def _skip(reason):
     print(f"fw_fairseq: CUDA extension skipped: {reason}; CUDA tensors use the chunked PyTorch path")
     return [], {}
 
 
 ext_modules, cmdclass = cuda_extension()
+cpu_modules, cpu_cmdclass = cpu_extension()
+ext_modules, cmdclass = ext_modules + cpu_modules, {**cmdclass, **cpu_cmdclass}
 
 setup(
     name="fw_fairseq",

@@ -118,7 +118,8 @@ class Check:
     def stamps(self):
         """{step: (stamp file, what it was built from)} for the steps a warm machine may skip: the
         digest of the sources and the Python that built them (another interpreter needs its own build)."""
-        cuda_sources = [*(REPO / "cuda").iterdir(), REPO / "setup.py"]
+        # build_ext builds both extensions: the CUDA kernels and the CPU one (cpu/)
+        cuda_sources = [*(REPO / "cuda").iterdir(), *(REPO / "cpu").iterdir(), REPO / "setup.py"]
         kit_files = [p for p in self.kit.iterdir() if p.is_file()] if self.kit.is_dir() else []
         python = f"{sys.executable} {platform.python_version()}"
         stamps = {"install_kit": (self.site / ".kit", [p for p in kit_files if p.suffix == ".whl"]),

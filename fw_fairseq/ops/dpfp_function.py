@@ -15,15 +15,40 @@ Only r_ext is saved ([..., 2d + nu], never phi). First order only (guards.first_
 weight ops. While torch.compile traces, feature_maps.Dpfp calls the plain dpfp instead, which inductor
 fuses by itself; when autograd records nothing, dpfp_forward alone (an autograd.Function's call
 costs about 5 us, a fifth of a decoding step's map).
+
+On the CPU, float32 and float64 run the compiled cpu/dpfp.cpp (fw_fairseq._cpu) where it was built:
+the same sums, a row at a time, in one pass over the input and the output each way, and only x is
+saved. Where it was not built (no compiler at install time), the PyTorch form above runs.
 """
 import torch
 
 from .guards import first_order
 
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+_cpu = None  # fw_fairseq._cpu once imported, False where it is not built
+
+
+def cpu_kernel(x):
+    """The compiled CPU extension if it is built and takes x (a float32 or float64 CPU tensor), else None."""
+    global _cpu
+    if _cpu is None:
+        try:
+            from fw_fairseq import _cpu as extension
+            _cpu = extension
+        except ImportError:
+            _cpu = False
+    return _cpu if _cpu and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES else None
+
 
 def dpfp_forward(x, nu):
-    """DPFP-nu of x [..., d] without autograd: (phi [..., 2 d nu], r_ext [..., 2d + nu]). Also the
-    eager form when nothing is recorded (generation, validation): as fast as the plain maths on a
+    """DPFP-nu of x [..., d] without autograd -> phi [..., 2 d nu]: the eager form when nothing is
+    recorded (generation, validation)."""
+    kernel = cpu_kernel(x)
+    return kernel.dpfp_forward(x, nu) if kernel else _torch_forward(x, nu)[0]
+
+
+def _torch_forward(x, nu):
+    """The PyTorch form: (phi [..., 2 d nu], r_ext [..., 2d + nu]). As fast as the plain maths on a
     decoding step's few rows and several times faster on a training batch."""
     d = x.shape[-1]
     lead = x.shape[:-1]
@@ -43,16 +68,22 @@ class DpfpFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, nu):
-        phi, r_ext = dpfp_forward(x, nu)
+        ctx.nu, ctx.kernel = nu, cpu_kernel(x)
+        if ctx.kernel:
+            ctx.save_for_backward(x)
+            return ctx.kernel.dpfp_forward(x, nu)
+        phi, r_ext = _torch_forward(x, nu)
         ctx.save_for_backward(r_ext)
-        ctx.nu = nu
         return phi
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        (r_ext,) = ctx.saved_tensors
         nu = ctx.nu
+        if ctx.kernel:
+            (x,) = ctx.saved_tensors
+            return ctx.kernel.dpfp_backward(grad, x, nu), None
+        (r_ext,) = ctx.saved_tensors
         d = (r_ext.shape[-1] - nu) // 2
         lead = r_ext.shape[:-1]
         g = grad.reshape(*lead, nu, 2 * d)  # [..., nu, 2d]: dphi_i

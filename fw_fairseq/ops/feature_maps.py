@@ -156,7 +156,7 @@ class Dpfp(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x, is_query):
-        return _eager_form(DpfpFunction, dpfp, lambda t, nu: dpfp_forward(t, nu)[0], x, self.nu)
+        return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
 
 
 class FavorPlus(FeatureMap):

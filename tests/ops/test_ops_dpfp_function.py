@@ -1,11 +1,33 @@
-"""DpfpFunction (the Dpfp map's eager form) against the plain maths of dpfp: outputs and gradients in
-float64 for every width of nu, exact zeros (relu's gradient at 0), strided inputs and upstream
-gradients, an empty batch, half precision; gradcheck; double backward refused; torch.compile's plain form."""
+"""DpfpFunction (the Dpfp map's eager form) against the plain maths of dpfp, in both of its forms (the
+compiled CPU kernel, fw_fairseq._cpu, and the PyTorch form): outputs and gradients in float64 for every
+width of nu, exact zeros (relu's gradient at 0), strided inputs and upstream gradients, an empty batch,
+half precision; gradcheck; double backward refused; torch.compile's plain form; the kernel is built
+wherever a C++ compiler was there at install time."""
+import importlib.util
+import shutil
+
 import pytest
 import torch
 
-from fw_fairseq.ops import dpfp, feature_map
+from fw_fairseq.ops import dpfp, dpfp_function, feature_map
 from fw_fairseq.ops.dpfp_function import DpfpFunction
+
+
+@pytest.fixture(autouse=True, params=["kernel", "torch"])
+def form(request, monkeypatch):
+    """Every test runs with the compiled kernel and again with the PyTorch form."""
+    if request.param == "kernel":
+        if dpfp_function.cpu_kernel(torch.zeros(1)) is None:
+            pytest.skip("fw_fairseq._cpu is not built")
+    else:
+        monkeypatch.setattr(dpfp_function, "_cpu", False)
+    return request.param
+
+
+def test_the_kernel_is_built_where_a_compiler_is():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the install skips the optional CPU extension")
+    assert importlib.util.find_spec("fw_fairseq._cpu") is not None, "cpu/dpfp.cpp was not built (make setup)"
 
 
 def _grads(fn, x, upstream):
