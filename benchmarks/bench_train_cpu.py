@@ -42,7 +42,7 @@ class Row:
         args = options.parse_args_and_arch(parser, argv)
         torch.manual_seed(1)
         self.task = tasks.setup_task(args)
-        self.model = self.task.build_model(args)
+        self.model = self.task.build_model(args).train()
         self.criterion = self.task.build_criterion(args)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr[0], betas=(0.9, 0.98))
         self.name, self.args = name, args
@@ -50,7 +50,6 @@ class Row:
     def update(self, sample):
         """One training update on `sample`; returns its wall seconds."""
         start = time.perf_counter()
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss, _, _ = self.criterion(self.model, sample)
         loss.backward()

@@ -78,33 +78,20 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
   }
 }
 
-FW_CLONES void forward_float(const float* X, float* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
+// One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it.
+FW_CLONES void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
   forward_rows(X, P, d, nu, b, e);
 }
-FW_CLONES void forward_double(const double* X, double* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
+FW_CLONES void forward_range(const double* X, double* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
   forward_rows(X, P, d, nu, b, e);
 }
-FW_CLONES void backward_float(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t b,
+FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t b,
                               int64_t e) {
   backward_rows(G, X, DX, d, nu, b, e);
 }
-FW_CLONES void backward_double(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t b,
-                               int64_t e) {
+FW_CLONES void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t b,
+                              int64_t e) {
   backward_rows(G, X, DX, d, nu, b, e);
-}
-
-inline void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
-  forward_float(X, P, d, nu, b, e);
-}
-inline void forward_range(const double* X, double* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
-  forward_double(X, P, d, nu, b, e);
-}
-inline void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t b, int64_t e) {
-  backward_float(G, X, DX, d, nu, b, e);
-}
-inline void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t b,
-                           int64_t e) {
-  backward_double(G, X, DX, d, nu, b, e);
 }
 
 void check(const torch::Tensor& x, int64_t nu, const char* fn) {
