@@ -3,8 +3,8 @@
 The CUDA extension in cuda/ is built only when nvcc and a CUDA build of torch are present;
 a CPU install skips it (and says so once) and uses the chunked PyTorch path.
 The CPU extension in cpu/ (DPFP's fused forward and backward) is built wherever torch is importable
-at build time; it is optional: if it cannot be compiled, the install goes on and DPFP uses its
-PyTorch form (fw_fairseq/ops/dpfp_function.py).
+at build time and a C++ compiler is found; without one (or if it fails to compile) the install goes
+on and DPFP uses its PyTorch form (fw_fairseq/ops/dpfp_function.py).
 """
 import glob
 import os
@@ -40,15 +40,38 @@ def cuda_extension():
 
 
 def cpu_extension():
-    """(ext_modules, cmdclass) for fw_fairseq._cpu, or ([], {}) without torch at build time."""
+    """(ext_modules, cmdclass) for fw_fairseq._cpu, or ([], {}) with one line saying why not.
+
+    A compile error skips it (OptionalBuild); a missing compiler is checked here, because torch's
+    BuildExtension runs the compiler for its ABI check before any extension is built, and that
+    failure would stop the whole install."""
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
-        print("fw_fairseq: CPU extension skipped: torch is not importable at build time")
-        return [], {}
+        return _skip_cpu("torch is not importable at build time")
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return _skip_cpu(f"no C++ compiler ({compiler}) was found")
+    class OptionalBuild(BuildExtension):
+        """setuptools skips an optional extension on a CompileError only; torch's ninja build raises
+        RuntimeError, so the skip is made here, for optional extensions alone."""
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as err:  # noqa: BLE001  (whatever the compiler driver raised)
+                if not ext.optional:
+                    raise
+                _skip_cpu(f"it failed to compile ({type(err).__name__})")
+
     ext = CppExtension(name="fw_fairseq._cpu", sources=[os.path.join("cpu", "dpfp.cpp")],
                        extra_compile_args=["-O3", "-fopenmp"], optional=True)
-    return [ext], {"build_ext": BuildExtension}
+    return [ext], {"build_ext": OptionalBuild}
+
+
+def _skip_cpu(reason):
+    print(f"fw_fairseq: CPU extension skipped: {reason}; DPFP uses its PyTorch form")
+    return [], {}
 
 
 def _skip(reason):
