@@ -6,6 +6,10 @@
 // The PyTorch form of the same maths walks [rows, w nu] tensors several times; here a row's r and dr
 // live in a w-long buffer, and each modular shift is split into two plain ranges the compiler vectorises.
 // Inputs: x [..., d] (any layout: made contiguous), float32 or float64; grad [..., w nu].
+//
+// Scores (decoding's lazy cache, fw_fairseq/modules/decoder_state.py): S[n, q, s] = rows[n, q] . phi(keys[n, s])
+// from the raw d-wide keys, phi formed a key at a time in an L1 buffer and never written out: the cache
+// then holds t (d + M) values per head instead of t (2 d nu + M), as few as softmax's t 2d.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -78,6 +82,49 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
   }
 }
 
+// S [R, t] of one head: rows Q [R, E] (contiguous) against the t keys at K (key s at K + s ks, d wide).
+// Rows go in pairs (the delta rule's step reads its query and its key), sharing each product r[j] r[j - i];
+// kLanes independent partial sums per row let the dot vectorise without -ffast-math.
+template <typename T, int kRows>
+inline __attribute__((always_inline)) void scores_rows(const T* Q, const T* K, T* S, int64_t t, int64_t ks,
+                                                       int64_t d, int64_t nu, T* r_ext) {
+  constexpr int64_t kLanes = 16;
+  const int64_t w = 2 * d, E = w * nu;
+  const T* __restrict__ r = r_ext + nu;  // r_ext = [r[w - nu:], r], so roll(r, i) is r_ext + nu - i
+  for (int64_t s = 0; s < t; ++s) {
+    relu_pair(K + s * ks, r_ext + nu, d);
+    for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
+    T lanes[kRows][kLanes] = {};
+    T tail[kRows] = {};
+    for (int64_t i = 1; i <= nu; ++i) {
+      const T* __restrict__ rolled = r_ext + nu - i;
+      int64_t j = 0;
+      for (; j + kLanes <= w; j += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) {
+          const T p = r[j + l] * rolled[j + l];
+          for (int q = 0; q < kRows; ++q) lanes[q][l] += Q[q * E + (i - 1) * w + j + l] * p;
+        }
+      for (; j < w; ++j)
+        for (int q = 0; q < kRows; ++q) tail[q] += Q[q * E + (i - 1) * w + j] * (r[j] * rolled[j]);
+    }
+    for (int q = 0; q < kRows; ++q) {
+      T acc = tail[q];
+      for (int64_t l = 0; l < kLanes; ++l) acc += lanes[q][l];
+      S[q * t + s] = acc;
+    }
+  }
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T* S, int64_t R, int64_t t,
+                                                       int64_t ks, int64_t d, int64_t nu) {
+  std::vector<T> r_ext(2 * d + nu);
+  const int64_t E = 2 * d * nu;
+  int64_t q = 0;
+  for (; q + 2 <= R; q += 2) scores_rows<T, 2>(Q + q * E, K, S + q * t, t, ks, d, nu, r_ext.data());
+  if (q < R) scores_rows<T, 1>(Q + q * E, K, S + q * t, t, ks, d, nu, r_ext.data());
+}
+
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it.
 FW_CLONES void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
   forward_rows(X, P, d, nu, b, e);
@@ -92,6 +139,17 @@ FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t
 FW_CLONES void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t b,
                               int64_t e) {
   backward_rows(G, X, DX, d, nu, b, e);
+}
+
+FW_CLONES void scores_range(const float* Q, const float* K, float* S, int64_t H, int64_t R, int64_t t,
+                            int64_t kb, int64_t kh, int64_t ks, int64_t d, int64_t nu, int64_t b, int64_t e) {
+  for (int64_t n = b; n < e; ++n)
+    scores_head(Q + n * R * 2 * d * nu, K + (n / H) * kb + (n % H) * kh, S + n * R * t, R, t, ks, d, nu);
+}
+FW_CLONES void scores_range(const double* Q, const double* K, double* S, int64_t H, int64_t R, int64_t t,
+                            int64_t kb, int64_t kh, int64_t ks, int64_t d, int64_t nu, int64_t b, int64_t e) {
+  for (int64_t n = b; n < e; ++n)
+    scores_head(Q + n * R * 2 * d * nu, K + (n / H) * kb + (n % H) * kh, S + n * R * t, R, t, ks, d, nu);
 }
 
 void check(const torch::Tensor& x, int64_t nu, const char* fn) {
@@ -134,9 +192,32 @@ torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, i
   return dx;
 }
 
+// rows [B, H, R, 2 d nu] . phi(keys [B, H, t, d]) -> [B, H, R, t]. keys keep their layout (a cache's view
+// of its first t positions) as long as d is contiguous: copying them would cost what the cache saves.
+torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu) {
+  check(keys, nu, "dpfp_scores");
+  TORCH_CHECK(keys.dim() == 4 && rows.dim() == 4, "dpfp_scores: rows and keys must be [B, H, R, E] and [B, H, t, d]");
+  const int64_t B = keys.size(0), H = keys.size(1), t = keys.size(2), d = keys.size(3), R = rows.size(2);
+  TORCH_CHECK(rows.size(0) == B && rows.size(1) == H && rows.size(3) == 2 * d * nu,
+              "dpfp_scores: rows must be [B, H, R, 2 d nu] for keys [B, H, t, d]");
+  TORCH_CHECK(rows.scalar_type() == keys.scalar_type(), "dpfp_scores: rows and keys must share a dtype");
+  const auto kc = keys.stride(3) == 1 ? keys : keys.contiguous();
+  const auto qc = rows.contiguous();
+  auto out = torch::empty({B, H, R, t}, qc.options());
+  AT_DISPATCH_FLOATING_TYPES(kc.scalar_type(), "dpfp_scores", [&] {
+    const scalar_t* Q = qc.data_ptr<scalar_t>();
+    const scalar_t* K = kc.data_ptr<scalar_t>();
+    scalar_t* S = out.data_ptr<scalar_t>();
+    const int64_t kb = kc.stride(0), kh = kc.stride(1), ks = kc.stride(2);
+    at::parallel_for(0, B * H, 8, [&](int64_t b, int64_t e) { scores_range(Q, K, S, H, R, t, kb, kh, ks, d, nu, b, e); });
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dpfp_forward", &dpfp_forward, "DPFP-nu of x [..., d] -> [..., 2 d nu] (float32/float64, CPU)");
   m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output");
+  m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
 }

@@ -1,8 +1,8 @@
 """The lazy decoding state of causal fast-weight attention: the writes, not the state, while short.
 
 A decoding step of the state form reads and writes the [E, M] fast weight whatever the output
-length t. Until that pays, the decoder self-attention keeps instead what was written: the keys'
-features phi(k_s) and the effective writes u_s, the exact vectors added to the state:
+length t. Until that pays, the decoder self-attention keeps instead what was written: the keys and
+the effective writes u_s, the exact vectors added to the state:
 
     W_t = sum_{s<=t} c_s phi(k_s)^T u_s,        o_t = phi(q_t) W_t = sum_{s<=t} c_s (phi(q_t) . phi(k_s)) u_s
 
@@ -14,15 +14,17 @@ features phi(k_s) and the effective writes u_s, the exact vectors added to the s
   u = beta (v - alpha k S).
 Same functions as ops.step / ops.naive; tests/ops/test_ops_lazy.py checks them in float64.
 
-phi(k_s) is cached, not recomputed from the d-wide raw keys: on the shared 2-core CPU (B H = 128,
-DPFP-2, E = 256, t = 64) recomputing phi of the cached keys took 7.4 ms a step and appending one
-cached row 0.2 ms, against 3-11 ms for the whole state-form layer step. A step then reads
-t (E + M) values and the state form E M, so the module folds the writes into the state (`fold`)
-once t (E + M) passes E M (`fits`) and continues with the fixed-size step. Padded positions need
-no care: their value rows (with the z column) and their beta are zero, so u_s = 0 and they write
-nothing.
-Shapes head-first: phi_q, phi_k [B, H, 1, E], phi_past [B, H, t-1, E], writes [B, H, t-1, M],
-decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
+What is kept of a key is the feature map's choice (FeatureMap.cache_row; `phi` below, None for the
+features themselves): DPFP keeps the raw d-wide key and its CPU kernel forms phi in registers while it
+scores (its 2 d nu wide features cost a step more to read than to recompute), so a step reads t (d + M)
+values, as many as softmax's t 2d. Where phi of the keys is normalised (the delta rules), phi(k_s) =
+scale_s phi_raw(k_s), and the cache keeps the writes times scale_s: the products are the same.
+A step reads t (C + M) values (C: the cached key's width) and the state form E M, so the module folds
+the writes into the state (`fold`) once t (C + M) passes E M (`fits`) and continues with the
+fixed-size step. Padded positions need no care: their value rows (with the z column) and their beta are
+zero, so u_s = 0 and they write nothing.
+Shapes head-first: phi_q, phi_k [B, H, 1, E], keys [B, H, t-1, C], writes [B, H, t-1, M],
+decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1], scale [B, H, 1, 1].
 
 Generation (no autograd) allocates nothing per step (`append`, `reorder`): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
@@ -37,15 +39,16 @@ import torch
 from torch import Tensor
 
 
-def fits(length: int, d_phi: int, width: int) -> bool:
-    """Whether a step over `length` cached positions, reading length (d_phi + width) values,
-    reads no more than the [d_phi, width] state it replaces."""
-    return length * (d_phi + width) <= d_phi * width
+def fits(length: int, d_phi: int, width: int, key_width: Optional[int] = None) -> bool:
+    """Whether a step over `length` cached positions, reading length (key_width + width) values
+    (key_width: the cached key's, d_phi unless given), reads no more than the [d_phi, width] state it
+    replaces."""
+    return length * ((key_width or d_phi) + width) <= d_phi * width
 
 
 # the decoder self-attention's buffer entries (name -> whether dim 2 counts positions): the lazy cache
 # or the state, each with its reorder spare under spare_name(name)
-ENTRIES = {"phi_keys": True, "writes": True, "decay": True, "state": False}
+ENTRIES = {"keys": True, "writes": True, "decay": True, "state": False}
 CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_step's, in its order
 
 
@@ -59,9 +62,9 @@ def spare_name(name: str) -> str:
     return f"{name}_spare"
 
 
-def capacity(d_phi: int, width: int) -> int:
+def capacity(d_phi: int, width: int, key_width: Optional[int] = None) -> int:
     """The most positions a cache holds before it is folded: the largest length that `fits`."""
-    return d_phi * width // (d_phi + width)
+    return d_phi * width // ((key_width or d_phi) + width)
 
 
 def _room(cache: Tensor) -> int:
@@ -114,14 +117,17 @@ def reorder(cache: Tensor, order: Tensor, spare: Optional[Tensor], positions: bo
     return torch.index_select(cache, 0, order, out=out), cache
 
 
-def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor],
-              writes: Optional[Tensor], decay: Optional[Tensor], beta: Optional[Tensor] = None,
-              alpha: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """One decoding step from the past positions' features and writes (None before the first).
+def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],
+              decay: Optional[Tensor], beta: Optional[Tensor] = None, alpha: Optional[Tensor] = None,
+              phi=None, key: Optional[Tensor] = None, scale: Optional[Tensor] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """One decoding step from the past positions' keys and writes (None before the first).
 
     beta None: the sum rule (u_t = v_t, the caller's v carries the z column); beta given: the
-    delta rule, gated by alpha if given. Returns (o [B, H, 1, M], phi_keys [B, H, t, E],
-    writes [B, H, t, M], decay [B, H, t] for the gated rule else None)."""
+    delta rule, gated by alpha if given. phi None: the cache keeps phi(k) itself; else the FeatureMap
+    whose rows it keeps, `key` this step's row [B, H, 1, C] and `scale` (None: 1) the factor of phi_k
+    over phi.cached_features(key). Returns (o [B, H, 1, M], keys [B, H, t, C], writes [B, H, t, M],
+    decay [B, H, t] for the gated rule else None)."""
     if decay is not None and alpha is not None:
         # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
         decay = decay.mul_(alpha) if in_place() else decay * alpha
@@ -129,9 +135,9 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor
     if writes is None:
         past = None
     else:
-        # the query's row and, for the delta rule, the new key's row read the past in one matmul
+        # the query's row and, for the delta rule, the new key's row read the past in one pass
         rows = phi_q if beta is None else torch.cat([phi_q, phi_k], dim=2)  # [B, H, 1 or 2, E]
-        scores = rows @ phi_past.transpose(-1, -2)  # [B, H, 1 or 2, t-1]
+        scores = rows @ keys.transpose(-1, -2) if phi is None else phi.cached_scores(rows, keys)  # [B, H, 1 or 2, t-1]
         if decay is not None:
             scores = scores * decay[:, :, None, :]
         past = scores @ writes  # [B, H, 1 or 2, M]
@@ -142,19 +148,21 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, phi_past: Optional[Tensor
         u = beta[..., None] * u  # [B, H, 1, 1] * [B, H, 1, M]
     own = (phi_q * phi_k).sum(-1, keepdim=True) * u  # [B, H, 1, M]: position t reads its own write
     o = own if past is None else past + own
-    positions = capacity(phi_k.size(-1), u.size(-1))  # the cache is folded before it outgrows this
-    phi_keys = append(phi_past, phi_k, positions)  # [B, H, t, E]
-    writes = append(writes, u, positions)  # [B, H, t, M]
+    key = phi_k if key is None else key
+    positions = capacity(phi_k.size(-1), u.size(-1), key.size(-1))  # folded before it outgrows this
+    keys = append(keys, key, positions)  # [B, H, t, C]
+    writes = append(writes, u if scale is None else u * scale, positions)  # [B, H, t, M]
     if alpha is not None:
         # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
         decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
                        positions)[..., 0]
-    return o, phi_keys, writes, decay
+    return o, keys, writes, decay
 
 
-def fold(phi_k: Tensor, writes: Tensor, decay: Optional[Tensor]) -> Tensor:
-    """The state of the cached positions, W = sum_s c_s phi(k_s)^T u_s:
-    phi_k [B, H, t, E], writes [B, H, t, M], decay [B, H, t] or None -> [B, H, E, M]."""
+def fold(keys: Tensor, writes: Tensor, decay: Optional[Tensor], phi=None) -> Tensor:
+    """The state of the cached positions, W = sum_s c_s phi(k_s)^T u_s: keys [B, H, t, C] (phi None:
+    the features themselves, C = E), writes [B, H, t, M], decay [B, H, t] or None -> [B, H, E, M]."""
+    phi_k = keys if phi is None else phi.cached_features(keys)  # [B, H, t, E]
     if decay is not None:
         phi_k = phi_k * decay[..., None]  # [B, H, t, E]
     return phi_k.transpose(-1, -2) @ writes

@@ -30,7 +30,7 @@ from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, fits, fold, in_pla
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
 from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
-                            feature_map)
+                            feature_map, phi_scale)
 from fw_fairseq.ops.step import step_in_place
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
@@ -50,6 +50,7 @@ class Writes(NamedTuple):
     phi_k: Tensor  # [B, H, S, E]
     v: Tensor  # [B, H, S, D], or [B, H, S, D + 1] with the rule's z column
     scalars: Tuple[Tensor, ...]  # one [B, H, S] per scalar of the rule, in its ops' argument order
+    keys: Tensor  # [B, H, S, D]: the keys phi_k was computed from
 
 
 @with_incremental_state
@@ -74,7 +75,8 @@ class FastWeightAttention(nn.Module):
         self.rule = RULES[self.update_rule]
         self.beta_max = config.beta_max
         self.beta_bias = config.beta_bias
-        self.phi_norm = PHI_NORMS[config.delta_norm]  # used where the rule normalises phi
+        self.delta_norm = config.delta_norm  # the normalisation of phi where the rule has one
+        self.phi_norm = PHI_NORMS[config.delta_norm]
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(self.kdim, embed_dim)
@@ -116,9 +118,9 @@ class FastWeightAttention(nn.Module):
         # [T, B, C] -> [T, B, H, D] -> [B, H, T, D]
         return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3).to(dtype)
 
-    def _features(self, x: Tensor, dtype: torch.dtype, is_query: bool) -> Tensor:
-        """[T, B, C] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
-        phi = self.phi(self._heads(x, dtype), is_query=is_query)
+    def _features(self, heads: Tensor, is_query: bool) -> Tensor:
+        """[B, H, T, D] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
+        phi = self.phi(heads, is_query=is_query)
         return self.phi_norm(phi) if self.rule.normalised_phi else phi
 
     def _project(self, x: Tensor) -> Projected:
@@ -128,7 +130,8 @@ class FastWeightAttention(nn.Module):
 
     def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor],
                 dtype: torch.dtype) -> Writes:
-        phi_k = self._features(projected.k, dtype, is_query=False)  # [B, H, S, E]
+        keys = self._heads(projected.k, dtype)  # [B, H, S, D]
+        phi_k = self._features(keys, is_query=False)  # [B, H, S, E]
         v = self._heads(projected.v, dtype)  # [B, H, S, D]
         if self.rule.z_column:
             v = append_z_column(v)  # [B, H, S, D + 1]
@@ -145,7 +148,7 @@ class FastWeightAttention(nn.Module):
             v = v.masked_fill(pad[..., None], 0.0)
             scalars = [x.masked_fill(pad, self.rule.pad_values[name])
                        for name, x in zip(self.rule.scalars, scalars)]
-        return Writes(phi_k, v, tuple(scalars))
+        return Writes(phi_k, v, tuple(scalars), keys)
 
     def _merge(self, o: Tensor) -> Tensor:
         """[B, H, T, D(+1)] read-out -> [T, B, C], through the z column where the rule has one."""
@@ -193,7 +196,7 @@ class FastWeightAttention(nn.Module):
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
         dtype = torch.float32 if q.dtype in _HALF else q.dtype
         with torch.autocast(device_type=query.device.type, enabled=False):
-            phi_q = self._features(q, dtype, is_query=True)  # [B, H, T, E]
+            phi_q = self._features(self._heads(q, dtype), is_query=True)  # [B, H, T, E]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
             if cached:
                 o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
@@ -208,17 +211,19 @@ class FastWeightAttention(nn.Module):
 
     def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
         """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the
-        lazy cache (phi(k) and the writes, decoder_state.py) while a step over it reads fewer values
-        than the [E, M] state, or the state: the buffer holds whichever is live."""
+        lazy cache (the keys as the feature map keeps them, and the writes: decoder_state.py) while a
+        step over it reads fewer values than the [E, M] state, or the state: the buffer holds whichever
+        is live."""
         if buffer is None:
             return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        phi_past = buffer.get("phi_keys")  # [B, H, t-1, E] while the cache is live
-        length = phi_q.size(2) + (0 if phi_past is None else phi_past.size(2))
-        lazy = phi_q.size(2) == 1 and fits(length, phi_q.size(-1), writes.v.size(-1))
+        past = buffer.get("keys")  # [B, H, t-1, C] while the cache is live
+        length = phi_q.size(2) + (0 if past is None else past.size(2))
+        lazy = phi_q.size(2) == 1 and fits(length, phi_q.size(-1), writes.v.size(-1), self.phi.cache_width)
         if lazy and "state" not in buffer:
-            o, buffer["phi_keys"], buffer["writes"], decay = lazy_step(
-                phi_q, writes.phi_k, writes.v, phi_past, buffer.get("writes"), buffer.get("decay"),
-                *writes.scalars)
+            key, scale = self._cache_row(writes)
+            o, buffer["keys"], buffer["writes"], decay = lazy_step(
+                phi_q, writes.phi_k, writes.v, past, buffer.get("writes"), buffer.get("decay"),
+                *writes.scalars, phi=self.phi, key=key, scale=scale)
             if decay is not None:
                 buffer["decay"] = decay
         else:
@@ -227,7 +232,7 @@ class FastWeightAttention(nn.Module):
             for name in CACHE:
                 buffer.pop(spare_name(name), None)
                 cache.append(buffer.pop(name, None))
-            state = buffer.get("state", None if cache[0] is None else fold(*cache))
+            state = buffer.get("state", None if cache[0] is None else fold(*cache, phi=self.phi))
             if phi_q.size(2) == 1 and state is not None and in_place():
                 # generation: the state is this layer's own, updated in place (step_in_place)
                 beta, alpha = (*writes.scalars, None, None)[:2]
@@ -238,6 +243,15 @@ class FastWeightAttention(nn.Module):
                                                       initial_state=state, output_final_state=True)
         self._set_input_buffer(incremental_state, buffer)
         return o
+
+    def _cache_row(self, writes: Writes) -> Tuple[Tensor, Optional[Tensor]]:
+        """The lazy cache's row for this step's key ([B, H, 1, C], FeatureMap.cache_row) and the factor
+        [B, H, 1, 1] taking its features to the normalised phi_k the step uses (None where they are
+        phi_k: cached as used, or not normalised)."""
+        key = self.phi.cache_row(writes.keys, writes.phi_k)
+        if key is writes.phi_k or not self.rule.normalised_phi:
+            return key, None
+        return key, phi_scale(self.phi.cached_features(key), self.delta_norm)
 
     def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
                      incremental_state) -> Tensor:

@@ -47,6 +47,15 @@ def dpfp_forward(x, nu):
     return kernel.dpfp_forward(x, nu) if kernel else _torch_forward(x, nu)[0]
 
 
+def dpfp_scores(rows, keys, nu):
+    """rows [B, H, R, 2 d nu] . DPFP-nu(keys [B, H, t, d]) -> [B, H, R, t] without autograd: on the CPU
+    kernel, phi of each key formed in registers and never stored; elsewhere through dpfp_forward."""
+    kernel = cpu_kernel(keys)
+    if kernel and rows.dtype == keys.dtype:
+        return kernel.dpfp_scores(rows, keys, nu)
+    return rows @ dpfp_forward(keys, nu).transpose(-1, -2)
+
+
 def _torch_forward(x, nu):
     """The PyTorch form: (phi [..., 2 d nu], r_ext [..., 2d + nu]). As fast as the plain maths on a
     decoding step's few rows and several times faster on a training batch."""

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_function import DpfpFunction, dpfp_forward
+from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward
 from .normalize_function import NormalizeFunction, norm_of
 
@@ -69,6 +69,12 @@ def _normalize(x, kind, eps):
 
 def _plain_normalize(x, kind, eps):
     return x / norm_of(x, kind).clamp_min(eps)
+
+
+def phi_scale(x, kind, eps=1e-6):
+    """The factor [..., 1] by which --fw-delta-norm's `kind` normalisation multiplies x [..., E]:
+    1 / max(norm_of(x, kind), eps), as sum_normalize and l2_normalize divide."""
+    return norm_of(x, kind).clamp_min(eps).reciprocal()
 
 
 def _eager_form(function, plain, alone, x, *args):
@@ -128,6 +134,27 @@ class FeatureMap(nn.Module, abc.ABC):
     def forward(self, x, is_query):
         """x [..., d_key] -> phi(x) [..., out_dim]; is_query matters only to maps that treat queries apart."""
 
+    # What a decoding cache keeps of each key (decoder_state.py's lazy cache): by default its features,
+    # read by a matmul. A map whose features are wider than the key and cheap to recompute keeps the
+    # raw key instead (Dpfp), so a step reads fewer values.
+
+    @property
+    def cache_width(self):
+        """The width of a cached key's row."""
+        return self.out_dim
+
+    def cache_row(self, x, phi):
+        """What the cache keeps of keys x [..., d_key] with features phi [..., E] (unnormalised)."""
+        return phi
+
+    def cached_features(self, cached):
+        """phi [..., E] of cached rows [..., cache_width] (unnormalised)."""
+        return cached
+
+    def cached_scores(self, rows, cached):
+        """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
+        return rows @ cached.transpose(-1, -2)
+
 
 class EluPlusOne(FeatureMap):
     """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), E = d_key."""
@@ -157,6 +184,24 @@ class Dpfp(FeatureMap):
 
     def forward(self, x, is_query):
         return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
+
+    # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
+    # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).
+
+    @property
+    def cache_width(self):
+        return self.d_key
+
+    def cache_row(self, x, phi):
+        return x
+
+    def cached_features(self, cached):
+        return self(cached, is_query=False)
+
+    def cached_scores(self, rows, cached):
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (rows.requires_grad or cached.requires_grad):
+            return rows @ self.cached_features(cached).transpose(-1, -2)
+        return dpfp_scores(rows, cached, self.nu)
 
 
 class FavorPlus(FeatureMap):

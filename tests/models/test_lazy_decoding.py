@@ -1,6 +1,6 @@
 """The lazy decoding state of the decoder self-attention (fw_fairseq/modules/decoder_state.py):
 token-by-token decoding equals teacher forcing (float64) before, at and after the step where the
-cache of the keys' features and the writes is folded into the [E, M] state, for every feature
+cache of the keys (DPFP: the raw keys, scored by its kernel in generation) and the writes is folded into the [E, M] state, for every feature
 map x rule, with beam reordering on both sides of the switch and left-padded sources and targets."""
 import itertools
 
@@ -13,19 +13,19 @@ from fw_fairseq.ops import FEATURE_MAPS, RULES
 BSZ, SRC_LEN = 3, 7
 
 
-def fw_args(feature_map, rule):
+def fw_args(feature_map, rule, delta_norm="sum"):
     # no positional embeddings: fairseq's incremental positions ignore left padding of the targets
     # (teacher forcing counts only real tokens), which would differ for reasons outside attention
     return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
-            "--fw-favor-features", "24", "--no-token-positional-embeddings"]
+            "--fw-favor-features", "24", "--fw-delta-norm", delta_norm, "--no-token-positional-embeddings"]
 
 
 def switch_step(attention):
     """The first decoding step (1-based) whose cache of t positions would read more values,
-    t (E + M), than the [E, M] state: E M // (E + M) + 1, from the layer's shapes."""
-    d, E = attention.head_dim, attention.phi.out_dim
+    t (C + M) with C the cached key's width, than the [E, M] state: E M // (C + M) + 1."""
+    d, E, C = attention.head_dim, attention.phi.out_dim, attention.phi.cache_width
     M = d + 1 if attention.rule.z_column else d
-    return E * M // (E + M) + 1
+    return E * M // (C + M) + 1
 
 
 def left_padded(d, lengths, width, g):
@@ -41,11 +41,18 @@ def test_lazy_decoding_equals_teacher_forcing_across_the_switch(feature_map, rul
     """Without autograd (fairseq-generate) the cache is appended in place, reordered through spares
     and the state stepped in place; with autograd every step makes new tensors."""
     with torch.set_grad_enabled(grad):
-        _decode_across_the_switch(feature_map, rule)
+        _decode_across_the_switch(fw_args(feature_map, rule), rule)
 
 
-def _decode_across_the_switch(feature_map, rule):
-    model, d = build_model(fw_args(feature_map, rule))
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+def test_raw_key_cache_with_l2_normalised_keys(rule):
+    """DPFP's cache keeps raw keys and scales the writes by the keys' normalisation: L2 as well as sum."""
+    with torch.no_grad():
+        _decode_across_the_switch(fw_args("dpfp", rule, delta_norm="l2"), rule)
+
+
+def _decode_across_the_switch(args, rule):
+    model, d = build_model(args)
     attention = model.decoder.layers[0].self_attn
     switch = switch_step(attention)
     steps = switch + 3
@@ -72,10 +79,10 @@ def _decode_across_the_switch(feature_map, rule):
         stepwise.append((logits[:, -1], expected[key][:, t]))
         buffer = attention._get_input_buffer(state)
         lazy = t + 1 < switch  # step t + 1 (1-based) just ran
-        assert ("phi_keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
+        assert ("keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
         assert ("decay" in buffer) == (lazy and rule == "gated_delta")
         if lazy:
-            assert buffer["phi_keys"].shape == (BSZ, attention.num_heads, t + 1, attention.phi.out_dim)
+            assert buffer["keys"].shape == (BSZ, attention.num_heads, t + 1, attention.phi.cache_width)
     for t, (got, want) in enumerate(stepwise):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m: f"step {t + 1}: {m}")
 

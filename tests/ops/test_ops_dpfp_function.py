@@ -99,3 +99,38 @@ def test_without_autograd_the_map_runs_the_forward_alone():
         y = phi(x.requires_grad_(), False)
     assert y.grad_fn is None
     torch.testing.assert_close(y, dpfp(x.detach(), 3), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("d,nu,rows,t", [(1, 1, 1, 3), (3, 5, 2, 7), (8, 2, 3, 1), (64, 2, 2, 9), (5, 3, 1, 0)])
+def test_scores_from_raw_keys_match_the_features(d, nu, rows, t, dtype):
+    """dpfp_scores (the decoding cache's read) = rows . dpfp(keys), with the keys a cache's view of its
+    first t positions (strided on B, H and t) and exact zeros among them."""
+    g = torch.Generator().manual_seed(d * 10 + t)
+    storage = torch.randn(3, 2, t + 4, d, generator=g, dtype=dtype)
+    keys = storage[:2, :, :t]  # [2, 2, t, d]
+    if t:
+        keys[0, 1, 0] = 0
+    q = torch.randn(2, 2, rows, 2 * d * nu, generator=g, dtype=dtype)
+    expected = q @ dpfp(keys, nu).transpose(-1, -2)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(dpfp_function.dpfp_scores(q, keys, nu), expected, rtol=tolerance, atol=tolerance)
+    # keys whose last dim is strided are read as well
+    torch.testing.assert_close(dpfp_function.dpfp_scores(q, keys.transpose(-1, -2).contiguous().transpose(-1, -2),
+                                                         nu), expected, rtol=tolerance, atol=tolerance)
+
+
+def test_the_map_scores_its_cached_keys_with_gradients_through_the_features():
+    """Dpfp keeps raw keys in a decoding cache; with autograd its scores are differentiable (the plain
+    product with its features), without it the kernel's: the same values."""
+    phi = feature_map("dpfp", 4, nu=2)
+    keys = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, 3, 2, 16, dtype=torch.float64, requires_grad=True)
+    assert phi.cache_width == 4 and phi.cache_row(keys, None) is keys
+    got = phi.cached_scores(q, keys)
+    expected = q @ dpfp(keys, 2).transpose(-1, -2)
+    upstream = torch.randn_like(expected)
+    for a, b in zip(torch.autograd.grad(got, (q, keys), upstream), torch.autograd.grad(expected, (q, keys), upstream)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(phi.cached_scores(q, keys), expected, rtol=1e-12, atol=1e-12)
