@@ -2,9 +2,10 @@
 
 The CUDA extension in cuda/ is built only when nvcc and a CUDA build of torch are present;
 a CPU install skips it (and says so once) and uses the chunked PyTorch path.
-The CPU extension in cpu/ (DPFP's fused forward and backward) is built wherever torch is importable
+The CPU extension in cpu/ (DPFP's fused forward and backward, the decoding cache's scores and state
+step) is built wherever torch is importable
 at build time and a C++ compiler is found; without one (or if it fails to compile) the install goes
-on and DPFP uses its PyTorch form (fw_fairseq/ops/dpfp_function.py).
+on and those ops use their PyTorch forms (fw_fairseq/ops/cpu_extension.py).
 """
 import glob
 import os
@@ -64,13 +65,14 @@ def cpu_extension():
                     raise
                 _skip_cpu(f"it failed to compile ({type(err).__name__})")
 
-    ext = CppExtension(name="fw_fairseq._cpu", sources=[os.path.join("cpu", "dpfp.cpp")],
+    ext = CppExtension(name="fw_fairseq._cpu", sources=sorted(glob.glob(os.path.join("cpu", "*.cpp"))),
+                       depends=glob.glob(os.path.join("cpu", "*.h")),
                        extra_compile_args=["-O3", "-fopenmp"], optional=True)
     return [ext], {"build_ext": OptionalBuild}
 
 
 def _skip_cpu(reason):
-    print(f"fw_fairseq: CPU extension skipped: {reason}; DPFP uses its PyTorch form")
+    print(f"fw_fairseq: CPU extension skipped: {reason}; its ops use their PyTorch forms")
     return [], {}
 
 

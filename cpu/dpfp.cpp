@@ -10,7 +10,8 @@
 // Scores (decoding's lazy cache, fw_fairseq/modules/decoder_state.py): S[n, q, s] = rows[n, q] . phi(keys[n, s])
 // from the raw d-wide keys, phi formed a key at a time in an L1 buffer and never written out: the cache
 // then holds t (d + M) values per head instead of t (2 d nu + M), as few as softmax's t 2d.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -20,14 +21,6 @@ namespace {
 
 constexpr int64_t kGrain = 64;  // rows per parallel task
 
-// The row loops are compiled twice, for AVX2 and for the baseline x86-64 (or the target's default),
-// and the loader picks by the CPU (GCC/Clang function multiversioning): AVX2 ran the backward 2.6x
-// faster than SSE2 on the 2-core CPU, and a build may run on another machine than the one it was made on.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FW_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FW_CLONES
-#endif
 
 template <typename T>
 inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T* __restrict__ r, int64_t d) {
@@ -160,6 +153,8 @@ void check(const torch::Tensor& x, int64_t nu, const char* fn) {
   TORCH_CHECK(nu >= 1 && nu <= 2 * x.size(-1) - 1, fn, ": nu must be in 1..2d-1, got ", nu);
 }
 
+}  // namespace
+
 torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu) {
   check(x, nu, "dpfp_forward");
   const auto xc = x.contiguous();
@@ -212,12 +207,4 @@ torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, 
     at::parallel_for(0, B * H, 8, [&](int64_t b, int64_t e) { scores_range(Q, K, S, H, R, t, kb, kh, ks, d, nu, b, e); });
   });
   return out;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("dpfp_forward", &dpfp_forward, "DPFP-nu of x [..., d] -> [..., 2 d nu] (float32/float64, CPU)");
-  m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output");
-  m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
 }

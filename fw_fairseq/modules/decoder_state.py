@@ -28,15 +28,18 @@ decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1], scale [B, H, 1, 1].
 
 Generation (no autograd) allocates nothing per step (`append`, `reorder`): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
-instead of copying the cache (a fresh [B H, t, E + M] tensor per step, which the CPU's allocator also
+instead of copying the cache (a fresh [B H, t, C + M] tensor per step, which the CPU's allocator also
 faults in page by page); a beam reorder gathers into a spare storage kept beside each tensor and the
-two swap. With autograd (teacher-forced tests of the gradients) the same functions concatenate.
+two swap. The state's reorder waits for the next step (ORDER), which gathers the rows while it reads
+them (`step_state`): one pass over the states instead of a copy and then the step. With autograd (teacher-forced tests of the gradients) the same functions concatenate.
 """
 import math
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from fw_fairseq.ops.step import step_in_place
 
 
 def fits(length: int, d_phi: int, width: int, key_width: Optional[int] = None) -> bool:
@@ -50,6 +53,9 @@ def fits(length: int, d_phi: int, width: int, key_width: Optional[int] = None) -
 # or the state, each with its reorder spare under spare_name(name)
 ENTRIES = {"keys": True, "writes": True, "decay": True, "state": False}
 CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_step's, in its order
+# generation: beam search's reorder of the state, not applied yet; the next step gathers the rows as it
+# reads them (step_state). A later reorder composes with it like any other row-indexed entry.
+ORDER = "state_order"
 
 
 def in_place() -> bool:
@@ -97,24 +103,38 @@ def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
     return grown
 
 
+def _target(cache: Tensor, rows: int, spare: Optional[Tensor], positions: bool) -> Tensor:
+    """Where `rows` rows gathered from cache [B, H, t, ...] go: into `spare` (the storage the previous
+    reorder left free) when it has room for them (and, with `positions`, for the t positions of a lazy
+    cache's dim 2; the state has none), else into a new storage with the cache's room."""
+    t = cache.size(2)
+    if spare is not None and spare.size(0) >= rows and spare.shape[1] == cache.shape[1] and (
+            spare.shape[3:] == cache.shape[3:] and (_room(spare) >= t if positions else spare.size(2) == t)):
+        return spare.as_strided((rows, *cache.shape[1:]), spare.stride())
+    room = _room(cache) if positions else t  # the first reorder, or more rows than the spare has
+    return cache.new_empty((rows, cache.size(1), room, *cache.shape[3:])).narrow(2, 0, t)
+
+
 def reorder(cache: Tensor, order: Tensor, spare: Optional[Tensor], positions: bool = True
             ) -> Tuple[Tensor, Optional[Tensor]]:
     """Beam search's rows `order` [B'] of cache [B, H, ...] -> (the reordered cache, the next spare).
 
-    Without autograd the rows are gathered into `spare` (the storage the previous reorder left free)
-    when it has room for them (B' rows and, with `positions`, the t positions of a lazy cache's dim 2;
-    the state has none), else into a new storage with the cache's room; the old cache's storage is then
-    the spare. With autograd: index_select, and no spare."""
+    Without autograd the rows are gathered into a spare storage (`_target`); the old cache's storage
+    is then the spare. With autograd: index_select, and no spare."""
     if not in_place():
         return cache.index_select(0, order), None
-    rows, t = order.numel(), cache.size(2)
-    if spare is not None and spare.size(0) >= rows and spare.shape[1] == cache.shape[1] and (
-            spare.shape[3:] == cache.shape[3:] and (_room(spare) >= t if positions else spare.size(2) == t)):
-        out = spare.as_strided((rows, *cache.shape[1:]), spare.stride())
-    else:  # the first reorder, or more rows than the spare has
-        room = _room(cache) if positions else t
-        out = cache.new_empty((rows, cache.size(1), room, *cache.shape[3:])).narrow(2, 0, t)
+    out = _target(cache, order.numel(), spare, positions)
     return torch.index_select(cache, 0, order, out=out), cache
+
+
+def step_state(q: Tensor, k: Tensor, v: Tensor, beta: Optional[Tensor], alpha: Optional[Tensor], state: Tensor,
+               order: Optional[Tensor], spare: Optional[Tensor]) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Generation's step of the folded state [B', H, E, M], continuing its rows `order` [B] (a deferred
+    reorder; None: in place): -> (o [B, H, 1, M], the new state [B, H, E, M], the next spare)."""
+    if order is None:
+        return step_in_place(q, k, v, beta, alpha, state), state, spare
+    out = _target(state, order.numel(), spare, positions=False)
+    return step_in_place(q, k, v, beta, alpha, state, order, out), out, state
 
 
 def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],

@@ -25,13 +25,12 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
-from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, fits, fold, in_place, lazy_step, reorder,
-                                               spare_name)
+from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, ORDER, fits, fold, in_place, lazy_step, reorder,
+                                               spare_name, step_state)
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
 from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
                             feature_map, phi_scale)
-from fw_fairseq.ops.step import step_in_place
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -233,12 +232,16 @@ class FastWeightAttention(nn.Module):
                 buffer.pop(spare_name(name), None)
                 cache.append(buffer.pop(name, None))
             state = buffer.get("state", None if cache[0] is None else fold(*cache, phi=self.phi))
+            order = buffer.pop(ORDER, None)  # a reorder left for this step
             if phi_q.size(2) == 1 and state is not None and in_place():
-                # generation: the state is this layer's own, updated in place (step_in_place)
+                # generation: the state is this layer's own, stepped in place or into its spare
                 beta, alpha = (*writes.scalars, None, None)[:2]
-                o = step_in_place(phi_q, writes.phi_k, writes.v, beta, alpha, state)
-                buffer["state"] = state
+                o, buffer["state"], spare = step_state(phi_q, writes.phi_k, writes.v, beta, alpha, state, order,
+                                                       buffer.pop(spare_name("state"), None))
+                if spare is not None:
+                    buffer[spare_name("state")] = spare
             else:
+                state = state if order is None else state.index_select(0, order)
                 o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
                                                       initial_state=state, output_final_state=True)
         self._set_input_buffer(incremental_state, buffer)
@@ -286,8 +289,8 @@ class FastWeightAttention(nn.Module):
         # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
         # finished): the identity must not copy every cache and state
         spares = {spare_name(name) for name in ENTRIES}
-        hypotheses = next(x.size(0) for name, x in buffer.items()
-                          if x is not None and name != "memory" and name not in spares)
+        hypotheses = buffer[ORDER].numel() if ORDER in buffer else next(
+            x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
         if new_order.numel() == hypotheses and torch.equal(
                 new_order, torch.arange(hypotheses, device=new_order.device)):
             return
@@ -295,7 +298,9 @@ class FastWeightAttention(nn.Module):
         for name, tensor in list(buffer.items()):
             if tensor is None or name == "memory" or name in spares:
                 continue
-            if name in ENTRIES:  # the decoder state: gathered into its spare storage (decoder_state.py)
+            if name == "state" and in_place():  # left to the next step (an ORDER already there composes below)
+                buffer.setdefault(ORDER, new_order)
+            elif name in ENTRIES:  # the decoder state: gathered into its spare storage (decoder_state.py)
                 buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),
                                                                  positions=ENTRIES[name])
             else:

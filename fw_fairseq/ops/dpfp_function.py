@@ -22,23 +22,8 @@ saved. Where it was not built (no compiler at install time), the PyTorch form ab
 """
 import torch
 
+from .cpu_extension import cpu_kernel
 from .guards import first_order
-
-_KERNEL_DTYPES = (torch.float32, torch.float64)
-_cpu = None  # fw_fairseq._cpu once imported, False where it is not built
-
-
-def cpu_kernel(x):
-    """The compiled CPU extension if it is built and takes x (a float32 or float64 CPU tensor), else None."""
-    global _cpu
-    if _cpu is None:
-        try:
-            from fw_fairseq import _cpu as extension
-            _cpu = extension
-        except ImportError:
-            _cpu = False
-    return _cpu if _cpu and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES else None
-
 
 def dpfp_forward(x, nu):
     """DPFP-nu of x [..., d] without autograd -> phi [..., 2 d nu]: the eager form when nothing is

@@ -29,9 +29,22 @@ def test_step_matches_naive_outputs_states_and_grads(make_inputs, rule, with_sta
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.fixture(params=["kernel", "torch"])
+def form(request, monkeypatch):
+    """step_in_place's two forms: the CPU kernel (cpu/state_step.cpp) and the PyTorch form."""
+    from fw_fairseq.ops import cpu_extension
+
+    if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
+        pytest.skip("fw_fairseq._cpu is not built")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_extension, "_cpu", False)
+    return request.param
+
+
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_in_place_step_matches_the_step(make_inputs, rule, with_state):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_in_place_step_matches_the_step(make_inputs, rule, with_state, dtype, form):
     """step_in_place (generation) gives the step's output and leaves the step's state in its argument."""
     from fw_fairseq.ops.step import step_in_place
 
@@ -40,7 +53,27 @@ def test_in_place_step_matches_the_step(make_inputs, rule, with_state):
     state = state if with_state else torch.zeros_like(state)
     o_ref, s_ref = run_rule(rule, "naive", q, k, v, beta, state, alpha=alpha)
     scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
-    updated = state.clone()
+    updated = state.to(dtype)  # a copy; q, k, v and the scalars are cast to the state's dtype
     o = step_in_place(q, k, v, *scalars, updated)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(o, o_ref.to(dtype), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(updated, s_ref.to(dtype), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
+def test_in_place_step_continues_reordered_rows_into_out(make_inputs, rule, form):
+    """Beam search's reorder folded into the step: the hypotheses continue rows `order` of the state
+    (repeated and dropped rows), their new states go to `out`, the old state is left as it was."""
+    from fw_fairseq.ops.step import step_in_place
+
+    q, k, v, beta, _ = make_inputs(B=3, H=2, T=1, E=6, M=5)
+    alpha = make_alpha(B=3, H=2, T=1)
+    state = torch.randn(4, 2, 6, 5, dtype=torch.float64)  # B' = 4 rows before the reorder
+    order = torch.tensor([3, 0, 3])
+    o_ref, s_ref = run_rule(rule, "naive", q, k, v, beta, state[order], alpha=alpha)
+    scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
+    before, out = state.clone(), torch.full((3, 2, 6, 5), float("nan"), dtype=torch.float64)
+    o = step_in_place(q, k, v, *scalars, state, order=order, out=out)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(updated, s_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, s_ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(state, before)

@@ -1,0 +1,22 @@
+"""The compiled CPU extension fw_fairseq._cpu (setup.py builds cpu/*.cpp into it, wherever a C++ compiler
+was there at install time), for the ops that have a kernel there: DPFP's forward and backward and its
+scores from raw keys (dpfp_function.py), a decoding step of the state (step.py). Each op also has a
+PyTorch form, the same function, which runs where the extension was not built or does not take the
+tensors (not on the CPU, or neither float32 nor float64).
+"""
+import torch
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+_cpu = None  # fw_fairseq._cpu once imported, False where it is not built
+
+
+def cpu_kernel(x):
+    """The compiled CPU extension if it is built and takes x (a float32 or float64 CPU tensor), else None."""
+    global _cpu
+    if _cpu is None:
+        try:
+            from fw_fairseq import _cpu as extension
+            _cpu = extension
+        except ImportError:
+            _cpu = False
+    return _cpu if _cpu and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES else None
