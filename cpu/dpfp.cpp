@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -31,20 +32,30 @@ inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T*
   }
 }
 
-// phi of rows [begin, end): X [rows, d] -> P [rows, w nu]
+// phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
+// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, fused for no-grad callers
+enum Norm : int64_t { kNone = 0, kSum = 1, kL2 = 2 };
+
 template <typename T>
-inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t begin,
-                                                        int64_t end) {
-  const int64_t w = 2 * d;
+inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,
+                                                        double eps, int64_t begin, int64_t end) {
+  const int64_t w = 2 * d, E = w * nu;
   std::vector<T> buffer(w);
   const T* __restrict__ r = buffer.data();
   for (int64_t n = begin; n < end; ++n) {
     relu_pair(X + n * d, buffer.data(), d);
-    T* __restrict__ p = P + n * w * nu;
+    T* __restrict__ row = P + n * E;
+    T* __restrict__ p = row;
     for (int64_t i = 1; i <= nu; ++i, p += w) {
       for (int64_t j = 0; j < i; ++j) p[j] = r[j] * r[j - i + w];
       for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
     }
+    if (norm == kNone) continue;
+    T total = T(0);
+    for (int64_t e = 0; e < E; ++e) total += norm == kSum ? row[e] : row[e] * row[e];
+    const T size = norm == kSum ? total : std::sqrt(total);
+    const T scale = T(1) / std::max(size, T(eps));
+    for (int64_t e = 0; e < E; ++e) row[e] *= scale;
   }
 }
 
@@ -119,11 +130,13 @@ inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T
 }
 
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it.
-FW_CLONES void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
-  forward_rows(X, P, d, nu, b, e);
+FW_CLONES void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t norm, double eps, int64_t b,
+                             int64_t e) {
+  forward_rows(X, P, d, nu, norm, eps, b, e);
 }
-FW_CLONES void forward_range(const double* X, double* P, int64_t d, int64_t nu, int64_t b, int64_t e) {
-  forward_rows(X, P, d, nu, b, e);
+FW_CLONES void forward_range(const double* X, double* P, int64_t d, int64_t nu, int64_t norm, double eps, int64_t b,
+                             int64_t e) {
+  forward_rows(X, P, d, nu, norm, eps, b, e);
 }
 FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t b,
                               int64_t e) {
@@ -155,8 +168,9 @@ void check(const torch::Tensor& x, int64_t nu, const char* fn) {
 
 }  // namespace
 
-torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu) {
+torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, double eps) {
   check(x, nu, "dpfp_forward");
+  TORCH_CHECK(norm == kNone || norm == kSum || norm == kL2, "dpfp_forward: norm must be 0 (none), 1 (sum) or 2 (l2)");
   const auto xc = x.contiguous();
   const int64_t d = xc.size(-1), rows = xc.numel() / d;
   auto sizes = xc.sizes().vec();
@@ -165,7 +179,7 @@ torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu) {
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "dpfp_forward", [&] {
     const scalar_t* X = xc.data_ptr<scalar_t>();
     scalar_t* P = phi.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) { forward_range(X, P, d, nu, b, e); });
+    at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) { forward_range(X, P, d, nu, norm, eps, b, e); });
   });
   return phi;
 }

@@ -12,8 +12,9 @@
 #define FW_CLONES
 #endif
 
-// dpfp.cpp: DPFP-nu's forward and backward, and rows . phi(raw keys) for the decoding cache
-torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu);
+// dpfp.cpp: DPFP-nu's forward (normalised if asked: norm 0 none, 1 sum, 2 l2) and backward, and
+// rows . phi(raw keys) for the decoding cache
+torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, double eps);
 torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu);
 torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu);
 

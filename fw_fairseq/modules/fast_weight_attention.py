@@ -29,7 +29,7 @@ from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, ORDER, fits, fold,
                                                spare_name, step_state)
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
-from fw_fairseq.ops import (PHI_NORMS, RULES, append_z_column, divide_by_z, fast_weight_attend,
+from fw_fairseq.ops import (RULES, append_z_column, divide_by_z, fast_weight_attend,
                             feature_map, phi_scale)
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
@@ -75,7 +75,6 @@ class FastWeightAttention(nn.Module):
         self.beta_max = config.beta_max
         self.beta_bias = config.beta_bias
         self.delta_norm = config.delta_norm  # the normalisation of phi where the rule has one
-        self.phi_norm = PHI_NORMS[config.delta_norm]
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(self.kdim, embed_dim)
@@ -119,8 +118,9 @@ class FastWeightAttention(nn.Module):
 
     def _features(self, heads: Tensor, is_query: bool) -> Tensor:
         """[B, H, T, D] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
-        phi = self.phi(heads, is_query=is_query)
-        return self.phi_norm(phi) if self.rule.normalised_phi else phi
+        if self.rule.normalised_phi:
+            return self.phi.normalized(heads, is_query, self.delta_norm)
+        return self.phi(heads, is_query=is_query)
 
     def _project(self, x: Tensor) -> Projected:
         """Projections of the written positions x [S, B, C]."""
@@ -305,7 +305,8 @@ class FastWeightAttention(nn.Module):
                                                                  positions=ENTRIES[name])
             else:
                 buffer[name] = tensor.index_select(0, new_order)
-        if memory is not None and rows is not None:
+        # beam search mostly reorders hypotheses within their sentences: each still reads the same row
+        if memory is not None and rows is not None and not torch.equal(buffer["memory_rows"], rows):
             beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
             buffer["memory"], buffer["memory_rows"] = regroup(memory, buffer["memory_rows"], beam)
         self._set_input_buffer(incremental_state, buffer)

@@ -24,12 +24,18 @@ import torch
 
 from .cpu_extension import cpu_kernel
 from .guards import first_order
+from .normalize_function import PHI_EPS, norm_of
 
-def dpfp_forward(x, nu):
+_KERNEL_NORMS = {None: 0, "sum": 1, "l2": 2}  # cpu/dpfp.cpp's codes
+def dpfp_forward(x, nu, norm=None, eps=PHI_EPS):
     """DPFP-nu of x [..., d] without autograd -> phi [..., 2 d nu]: the eager form when nothing is
-    recorded (generation, validation)."""
+    recorded (generation, validation). norm "sum" or "l2": phi / max(its norm, eps) (normalize_function's
+    maths), which the CPU kernel does in the same pass instead of three more over the output."""
     kernel = cpu_kernel(x)
-    return kernel.dpfp_forward(x, nu) if kernel else _torch_forward(x, nu)[0]
+    if kernel:
+        return kernel.dpfp_forward(x, nu, _KERNEL_NORMS[norm], eps)
+    phi = _torch_forward(x, nu)[0]
+    return phi if norm is None else phi / norm_of(phi, norm).clamp_min(eps)
 
 
 def dpfp_scores(rows, keys, nu):

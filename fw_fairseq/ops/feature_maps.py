@@ -15,7 +15,7 @@ from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward
-from .normalize_function import NormalizeFunction, norm_of
+from .normalize_function import PHI_EPS, NormalizeFunction, norm_of
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -42,7 +42,7 @@ def _check_nu(nu, d):
         raise ValueError(f"dpfp: nu={nu!r} is not allowed; nu must be an int in 1..{2 * d - 1} (2*d-1 for d={d})")
 
 
-def sum_normalize(x, eps=1e-6):
+def sum_normalize(x, eps=PHI_EPS):
     """phi'(x) = phi(x) / sum(phi(x)) over the last dim (paper §4.2), for non-negative x.
 
     The denominator is clamped from below at eps (not eps added): the result is exactly
@@ -52,7 +52,7 @@ def sum_normalize(x, eps=1e-6):
     return _normalize(x, "sum", eps)
 
 
-def l2_normalize(x, eps=1e-6):
+def l2_normalize(x, eps=PHI_EPS):
     """phi'(x) = phi(x) / ||phi(x)||_2 over the last dim (DeltaNet, Yang et al. 2024).
 
     A unit key makes the delta write an exact overwrite at beta = 1 (phi(k)^T W' = v), where a
@@ -71,7 +71,7 @@ def _plain_normalize(x, kind, eps):
     return x / norm_of(x, kind).clamp_min(eps)
 
 
-def phi_scale(x, kind, eps=1e-6):
+def phi_scale(x, kind, eps=PHI_EPS):
     """The factor [..., 1] by which --fw-delta-norm's `kind` normalisation multiplies x [..., E]:
     1 / max(norm_of(x, kind), eps), as sum_normalize and l2_normalize divide."""
     return norm_of(x, kind).clamp_min(eps).reciprocal()
@@ -134,6 +134,10 @@ class FeatureMap(nn.Module, abc.ABC):
     def forward(self, x, is_query):
         """x [..., d_key] -> phi(x) [..., out_dim]; is_query matters only to maps that treat queries apart."""
 
+    def normalized(self, x, is_query, kind):
+        """phi(x) normalised by --fw-delta-norm's `kind` ("sum" or "l2", PHI_NORMS)."""
+        return PHI_NORMS[kind](self(x, is_query))
+
     # What a decoding cache keeps of each key (decoder_state.py's lazy cache): by default its features,
     # read by a matmul. A map whose features are wider than the key and cheap to recompute keeps the
     # raw key instead (Dpfp), so a step reads fewer values.
@@ -184,6 +188,11 @@ class Dpfp(FeatureMap):
 
     def forward(self, x, is_query):
         return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
+
+    def normalized(self, x, is_query, kind):
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() and x.requires_grad:
+            return super().normalized(x, is_query, kind)
+        return dpfp_forward(x, self.nu, kind)  # no autograd: map and normalisation in one pass
 
     # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
     # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).

@@ -16,6 +16,8 @@ import torch
 
 from .guards import first_order
 
+PHI_EPS = 1e-6  # the normalisations' floor: phi / max(norm, PHI_EPS)
+
 
 def norm_of(x, kind):
     """The unclamped norm of `kind` ("sum" or "l2") over the last dim, kept: [..., 1]."""

@@ -134,3 +134,24 @@ def test_the_map_scores_its_cached_keys_with_gradients_through_the_features():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
         torch.testing.assert_close(phi.cached_scores(q, keys), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["sum", "l2"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_normalised_forward_matches_the_normalisation_of_the_map(kind, dtype):
+    """Without autograd the map and --fw-delta-norm's normalisation run in one pass (all-zero rows stay 0);
+    with it, the Functions of each: the same values, and gradients through the second."""
+    from fw_fairseq.ops import PHI_NORMS
+
+    phi = feature_map("dpfp", 6, nu=3)
+    x = torch.randn(2, 3, 4, 6, dtype=dtype)
+    x[0, 0, 0] = 0  # a padded position: phi = 0, clamped at eps, 0 out
+    x[1, 1, 1] = 1e-5  # tiny: sum(phi) below eps
+    expected = PHI_NORMS[kind](dpfp(x, 3))
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(phi.normalized(x, False, kind), expected, rtol=tolerance, atol=tolerance)
+    assert torch.count_nonzero(phi.normalized(x, False, kind)[0, 0, 0]) == 0
+    leaf = x.clone().requires_grad_()
+    got = phi.normalized(leaf, False, kind)
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    assert got.grad_fn is not None
