@@ -11,6 +11,7 @@
 // from the raw d-wide keys, phi formed a key at a time in an L1 buffer and never written out: the cache
 // then holds t (d + M) values per head instead of t (2 d nu + M), as few as softmax's t 2d.
 #include "kernels.h"
+#include "dpfp_rows.h"
 
 #include <ATen/Parallel.h>
 
@@ -20,17 +21,11 @@
 
 namespace {
 
+using fw::relu_pair;
+using fw::scores_rows;
+
 constexpr int64_t kGrain = 64;  // rows per parallel task
 
-
-template <typename T>
-inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T* __restrict__ r, int64_t d) {
-  for (int64_t k = 0; k < d; ++k) {
-    const T v = x[k];
-    r[k] = v > T(0) ? v : T(0);
-    r[k + d] = v < T(0) ? -v : T(0);
-  }
-}
 
 // phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
 // kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, fused for no-grad callers
@@ -86,47 +81,20 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
   }
 }
 
-// S [R, t] of one head: rows Q [R, E] (contiguous) against the t keys at K (key s at K + s ks, d wide).
-// Rows go in pairs (the delta rule's step reads its query and its key), sharing each product r[j] r[j - i];
-// kLanes independent partial sums per row let the dot vectorise without -ffast-math.
-template <typename T, int kRows>
-inline __attribute__((always_inline)) void scores_rows(const T* Q, const T* K, T* S, int64_t t, int64_t ks,
-                                                       int64_t d, int64_t nu, T* r_ext) {
-  constexpr int64_t kLanes = 16;
-  const int64_t w = 2 * d, E = w * nu;
-  const T* __restrict__ r = r_ext + nu;  // r_ext = [r[w - nu:], r], so roll(r, i) is r_ext + nu - i
-  for (int64_t s = 0; s < t; ++s) {
-    relu_pair(K + s * ks, r_ext + nu, d);
-    for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
-    T lanes[kRows][kLanes] = {};
-    T tail[kRows] = {};
-    for (int64_t i = 1; i <= nu; ++i) {
-      const T* __restrict__ rolled = r_ext + nu - i;
-      int64_t j = 0;
-      for (; j + kLanes <= w; j += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) {
-          const T p = r[j + l] * rolled[j + l];
-          for (int q = 0; q < kRows; ++q) lanes[q][l] += Q[q * E + (i - 1) * w + j + l] * p;
-        }
-      for (; j < w; ++j)
-        for (int q = 0; q < kRows; ++q) tail[q] += Q[q * E + (i - 1) * w + j] * (r[j] * rolled[j]);
-    }
-    for (int q = 0; q < kRows; ++q) {
-      T acc = tail[q];
-      for (int64_t l = 0; l < kLanes; ++l) acc += lanes[q][l];
-      S[q * t + s] = acc;
-    }
-  }
-}
-
 template <typename T>
 inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T* S, int64_t R, int64_t t,
                                                        int64_t ks, int64_t d, int64_t nu) {
   std::vector<T> r_ext(2 * d + nu);
   const int64_t E = 2 * d * nu;
   int64_t q = 0;
-  for (; q + 2 <= R; q += 2) scores_rows<T, 2>(Q + q * E, K, S + q * t, t, ks, d, nu, r_ext.data());
-  if (q < R) scores_rows<T, 1>(Q + q * E, K, S + q * t, t, ks, d, nu, r_ext.data());
+  for (; q + 2 <= R; q += 2) {
+    const T* pair[2] = {Q + q * E, Q + (q + 1) * E};
+    scores_rows<T, 2>(pair, K, S + q * t, t, ks, d, nu, r_ext.data());
+  }
+  if (q < R) {
+    const T* last[1] = {Q + q * E};
+    scores_rows<T, 1>(last, K, S + q * t, t, ks, d, nu, r_ext.data());
+  }
 }
 
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it.

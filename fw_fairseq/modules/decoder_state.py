@@ -151,6 +151,23 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
     if decay is not None and alpha is not None:
         # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
         decay = decay.mul_(alpha) if in_place() else decay * alpha
+    fused = None if writes is None or phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay)
+    o, u = _read(phi_q, phi_k, v, keys, writes, decay, beta, phi) if fused is None else fused
+    key = phi_k if key is None else key
+    positions = capacity(phi_k.size(-1), u.size(-1), key.size(-1))  # folded before it outgrows this
+    keys = append(keys, key, positions)  # [B, H, t, C]
+    writes = append(writes, u if scale is None else u * scale, positions)  # [B, H, t, M]
+    if alpha is not None:
+        # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
+        decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
+                       positions)[..., 0]
+    return o, keys, writes, decay
+
+
+def _read(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],
+          decay: Optional[Tensor], beta: Optional[Tensor], phi) -> Tuple[Tensor, Tensor]:
+    """lazy_step's read of the cache (o [B, H, 1, M]) and the step's write u [B, H, 1, M] in PyTorch ops:
+    where the map has no fused step (FeatureMap.cached_step), or autograd records."""
     u = v
     if writes is None:
         past = None
@@ -167,16 +184,7 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
     if beta is not None:
         u = beta[..., None] * u  # [B, H, 1, 1] * [B, H, 1, M]
     own = (phi_q * phi_k).sum(-1, keepdim=True) * u  # [B, H, 1, M]: position t reads its own write
-    o = own if past is None else past + own
-    key = phi_k if key is None else key
-    positions = capacity(phi_k.size(-1), u.size(-1), key.size(-1))  # folded before it outgrows this
-    keys = append(keys, key, positions)  # [B, H, t, C]
-    writes = append(writes, u if scale is None else u * scale, positions)  # [B, H, t, M]
-    if alpha is not None:
-        # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
-        decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
-                       positions)[..., 0]
-    return o, keys, writes, decay
+    return (own if past is None else past + own), u
 
 
 def fold(keys: Tensor, writes: Tensor, decay: Optional[Tensor], phi=None) -> Tensor:

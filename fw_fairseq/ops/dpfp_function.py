@@ -47,6 +47,13 @@ def dpfp_scores(rows, keys, nu):
     return rows @ dpfp_forward(keys, nu).transpose(-1, -2)
 
 
+def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu):
+    """A decoding step over a cache of raw keys (decoder_state.lazy_step) on the CPU kernel, which scores
+    and reads the cache in one pass: (o, u), each [B, H, 1, M]; None where the kernel does not take them."""
+    kernel = cpu_kernel(keys)
+    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu) if kernel else None
+
+
 def _torch_forward(x, nu):
     """The PyTorch form: (phi [..., 2 d nu], r_ext [..., 2d + nu]). As fast as the plain maths on a
     decoding step's few rows and several times faster on a training batch."""

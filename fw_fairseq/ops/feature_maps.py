@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
+from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_lazy_step, dpfp_scores
 from .favor_function import FavorFunction, favor_forward
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of
 
@@ -159,6 +159,11 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay):
+        """A fused form of a decoding step over the cache (decoder_state.lazy_step's (o, u)), or None where
+        the map has none: the step's PyTorch ops run."""
+        return None
+
 
 class EluPlusOne(FeatureMap):
     """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), E = d_key."""
@@ -211,6 +216,11 @@ class Dpfp(FeatureMap):
         if torch.compiler.is_compiling() or torch.is_grad_enabled() and (rows.requires_grad or cached.requires_grad):
             return rows @ self.cached_features(cached).transpose(-1, -2)
         return dpfp_scores(rows, cached, self.nu)
+
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay):
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None  # the step's ops, differentiable
+        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu)
 
 
 class FavorPlus(FeatureMap):

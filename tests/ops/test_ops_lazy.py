@@ -117,3 +117,51 @@ def test_fits_compares_the_values_read_with_the_state():
     assert fits(51, 256, 64) and not fits(52, 256, 64)
     # ELU sum (E = 64, M = 65): 32 * 129 = 4128 <= 4160 < 33 * 129
     assert fits(32, 64, 65) and not fits(33, 64, 65)
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def form(request, monkeypatch):
+    """DPFP's cached steps on the CPU kernel (cpu/lazy_step.cpp, dpfp_scores) and in PyTorch ops."""
+    from fw_fairseq.ops import cpu_extension
+
+    if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
+        pytest.skip("fw_fairseq._cpu is not built")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_extension, "_cpu", False)
+    return request.param
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
+def test_raw_key_cache_matches_the_feature_cache(rule, form):
+    """A cache of DPFP's raw keys, the writes scaled by the keys' normalisation, steps like the cache of
+    the normalised features themselves: outputs and folded state (float64, in place, with a reorder)."""
+    from fw_fairseq.ops import feature_map, phi_scale
+
+    phi = feature_map("dpfp", 3, nu=2)
+    g = torch.Generator().manual_seed(7)
+    raw = torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64)  # [B, H, T, d]
+    raw[1, 0, 2] = 0  # phi = 0: clamped, written as nothing
+    features = phi(raw, is_query=False)
+    scale = phi_scale(features, "l2")  # [B, H, T, 1]
+    k = features * scale
+    q = phi(torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64), is_query=True)
+    v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64)
+    beta, alpha = (torch.rand(3, 2, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
+    with torch.no_grad():
+        ours, ref, spares = [None] * 3, [None] * 3, [[None] * 3, [None] * 3]
+        for t in range(6):
+            if t == 3:  # beam search's reorder, on both caches
+                order = torch.tensor([2, 2, 0])
+                for cache, spare in ((ours, spares[0]), (ref, spares[1])):
+                    for i, x in enumerate(cache):
+                        if x is not None:
+                            cache[i], spare[i] = reorder(x, order, spare[i])
+                q, k, v, raw, scale, *_ = (x[order] for x in (q, k, v, raw, scale))
+                scalars = tuple(None if x is None else x[order] for x in scalars)
+            step = [None if x is None else x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
+            o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=raw[:, :, t: t + 1],
+                                 scale=scale[:, :, t: t + 1])
+            o_ref, *ref = lazy_step(*step[:3], *ref, *step[3:])
+            torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
+        torch.testing.assert_close(fold(*ours, phi=phi), fold(*ref), rtol=1e-12, atol=1e-12)
