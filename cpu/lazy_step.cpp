@@ -25,14 +25,23 @@ inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, con
   } else {
     fw::scores_rows<T, 1>(rows, K, S, t, ks, d, nu, r_ext);
   }
+  T* __restrict__ read_q = past;  // sum_s a_s W_s
+  T* __restrict__ read_k = past + M;  // sum_s b_s W_s
   for (int64_t m = 0; m < R * M; ++m) past[m] = T(0);
   for (int64_t s = 0; s < t; ++s) {
     const T c = C ? C[s * cs] : T(1);
     const T* __restrict__ w = W + s * ws;
-    for (int64_t r = 0; r < R; ++r) {
-      const T a = S[r * t + s] * c;
-      T* __restrict__ acc = past + r * M;
-      for (int64_t m = 0; m < M; ++m) acc[m] += a * w[m];
+    const T a = S[s] * c;
+    if (beta) {
+      const T b = S[t + s] * c;
+#pragma GCC ivdep
+      for (int64_t m = 0; m < M; ++m) {
+        read_q[m] += a * w[m];
+        read_k[m] += b * w[m];
+      }
+    } else {
+#pragma GCC ivdep
+      for (int64_t m = 0; m < M; ++m) read_q[m] += a * w[m];
     }
   }
   T qk = T(0);
