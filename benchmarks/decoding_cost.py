@@ -6,8 +6,8 @@ Per decoding step of a batch (`sentences` x `beam` hypotheses), values moved, 4 
 - decoder self-attention, per hypothesis, layer and head, at step t:
     softmax: the key/value cache read, t 2d, and this step's pair written, 2d;
     fast weights, as the decoder runs it (fw_fairseq/modules/decoder_state.py): the lazy cache
-    t (E + M) read and one row E + M written while t (E + M) <= E M, else the state E M read and
-    written;
+    t (C + M) read and one row C + M written while t (C + M) <= E M, else the state E M read and
+    written (C: the width of a cached key, the feature map's cache_width: E, or d for DPFP's raw keys);
 - cross-attention, per layer and head: softmax reads each hypothesis's source keys/values,
   S 2d; fast weights read the cached source once per sentence (its beams share it): its keys'
   features and effective writes S (E + M) while that is below E M, else the memory E M
@@ -21,6 +21,8 @@ The floor's time is bytes / the measured copy bandwidth; a result's fraction of 
 import time
 
 import torch
+
+from fw_fairseq.ops import feature_map
 
 FLOAT = 4  # bytes: every model runs in fp32 on the CPU
 
@@ -46,19 +48,19 @@ def shapes(checkpoint) -> dict:
     params = sum(x.numel() for name, x in state["model"].items() if name.startswith("decoder."))
     fw = getattr(cfg, "fw_attention", "none")
     places = set() if fw == "none" else ({"encoder", "decoder", "cross"} if fw == "all" else set(fw.split(",")))
-    E = {"elu": d, "dpfp": 2 * d * getattr(cfg, "fw_dpfp_nu", 1),
-         "favor": 2 * getattr(cfg, "fw_favor_features", d)}.get(getattr(cfg, "fw_feature_map", "elu"))
+    phi = feature_map(getattr(cfg, "fw_feature_map", "elu"), d, nu=getattr(cfg, "fw_dpfp_nu", 1),
+                      m=getattr(cfg, "fw_favor_features", d))
     M = d + 1 if getattr(cfg, "fw_update_rule", "sum") == "sum" else d  # the sum rule's z column
-    return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": E, "M": M,
-            "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
+    return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim,
+            "C": phi.cache_width, "M": M, "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
 
 
 def self_attention_values(s: dict, t: int) -> int:
     """Values one head of one hypothesis moves in decoder self-attention at step t."""
     if not s["fw_decoder"]:
         return (t + 1) * 2 * s["d"]
-    E, M = s["E"], s["M"]
-    return (t + 1) * (E + M) if t * (E + M) <= E * M else 2 * E * M
+    E, C, M = s["E"], s["C"], s["M"]
+    return (t + 1) * (C + M) if t * (C + M) <= E * M else 2 * E * M
 
 
 def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_length: int) -> float:

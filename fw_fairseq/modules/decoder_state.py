@@ -39,6 +39,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from fw_fairseq.ops import phi_scale
 from fw_fairseq.ops.step import step_in_place
 
 
@@ -194,3 +195,42 @@ def fold(keys: Tensor, writes: Tensor, decay: Optional[Tensor], phi=None) -> Ten
     if decay is not None:
         phi_k = phi_k * decay[..., None]  # [B, H, t, E]
     return phi_k.transpose(-1, -2) @ writes
+
+
+def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Tensor,
+                scalars: Tuple[Tensor, ...]) -> Tensor:
+    """The decoder self-attention of one layer in incremental decoding, over its buffer (updated): the lazy
+    cache ("keys", "writes", "decay") while a step over it reads fewer values than the [E, M] state, then
+    the state ("state"). rule: the block's UpdateRule; phi: its FeatureMap; norm: the normalisation of
+    phi of keys and queries (--fw-delta-norm) where the rule has one, else None. phi_q [B, H, T, E]; the
+    written positions' phi_k [B, H, T, E], v [B, H, T, M], keys [B, H, T, d], scalars [B, H, T] each.
+    Returns o [B, H, T, M]."""
+    past = buffer.get("keys")  # [B, H, t-1, C] while the cache is live
+    length = phi_q.size(2) + (0 if past is None else past.size(2))
+    if phi_q.size(2) == 1 and fits(length, phi_q.size(-1), v.size(-1), phi.cache_width) and "state" not in buffer:
+        key = phi.cache_row(keys, phi_k)  # [B, H, 1, C]
+        # phi_k = scale phi(key) where the cache keeps a key whose features are not normalised
+        scale = None if key is phi_k or norm is None else phi_scale(phi.cached_features(key), norm)
+        o, buffer["keys"], buffer["writes"], decay = lazy_step(
+            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, scale=scale)
+        if decay is not None:
+            buffer["decay"] = decay
+        return o
+    # the cache (if any) and its spares leave the buffer, folded once into the state
+    cache = []
+    for name in CACHE:
+        buffer.pop(spare_name(name), None)
+        cache.append(buffer.pop(name, None))
+    state = buffer.get("state", None if cache[0] is None else fold(*cache, phi=phi))
+    order = buffer.pop(ORDER, None)  # a reorder left for this step
+    if phi_q.size(2) == 1 and state is not None and in_place():
+        # generation: the state is this layer's own, stepped in place or into its spare
+        beta, alpha = (*scalars, None, None)[:2]
+        o, buffer["state"], spare = step_state(phi_q, phi_k, v, beta, alpha, state, order,
+                                               buffer.pop(spare_name("state"), None))
+        if spare is not None:
+            buffer[spare_name("state")] = spare
+        return o
+    state = state if order is None else state.index_select(0, order)
+    o, buffer["state"] = rule.causal(phi_q, phi_k, v, *scalars, initial_state=state, output_final_state=True)
+    return o

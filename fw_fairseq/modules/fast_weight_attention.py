@@ -25,12 +25,11 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
-from fw_fairseq.modules.decoder_state import (CACHE, ENTRIES, ORDER, fits, fold, in_place, lazy_step, reorder,
-                                               spare_name, step_state)
+from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
 from fw_fairseq.ops import (RULES, append_z_column, divide_by_z, fast_weight_attend,
-                            feature_map, phi_scale)
+                            feature_map)
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -215,46 +214,10 @@ class FastWeightAttention(nn.Module):
         is live."""
         if buffer is None:
             return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        past = buffer.get("keys")  # [B, H, t-1, C] while the cache is live
-        length = phi_q.size(2) + (0 if past is None else past.size(2))
-        lazy = phi_q.size(2) == 1 and fits(length, phi_q.size(-1), writes.v.size(-1), self.phi.cache_width)
-        if lazy and "state" not in buffer:
-            key, scale = self._cache_row(writes)
-            o, buffer["keys"], buffer["writes"], decay = lazy_step(
-                phi_q, writes.phi_k, writes.v, past, buffer.get("writes"), buffer.get("decay"),
-                *writes.scalars, phi=self.phi, key=key, scale=scale)
-            if decay is not None:
-                buffer["decay"] = decay
-        else:
-            # the cache (if any) and its spares leave the buffer, folded once into the state
-            cache = []
-            for name in CACHE:
-                buffer.pop(spare_name(name), None)
-                cache.append(buffer.pop(name, None))
-            state = buffer.get("state", None if cache[0] is None else fold(*cache, phi=self.phi))
-            order = buffer.pop(ORDER, None)  # a reorder left for this step
-            if phi_q.size(2) == 1 and state is not None and in_place():
-                # generation: the state is this layer's own, stepped in place or into its spare
-                beta, alpha = (*writes.scalars, None, None)[:2]
-                o, buffer["state"], spare = step_state(phi_q, writes.phi_k, writes.v, beta, alpha, state, order,
-                                                       buffer.pop(spare_name("state"), None))
-                if spare is not None:
-                    buffer[spare_name("state")] = spare
-            else:
-                state = state if order is None else state.index_select(0, order)
-                o, buffer["state"] = self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars,
-                                                      initial_state=state, output_final_state=True)
+        norm = self.delta_norm if self.rule.normalised_phi else None
+        o = causal_step(buffer, self.rule, self.phi, norm, phi_q, writes.phi_k, writes.v, writes.keys, writes.scalars)
         self._set_input_buffer(incremental_state, buffer)
         return o
-
-    def _cache_row(self, writes: Writes) -> Tuple[Tensor, Optional[Tensor]]:
-        """The lazy cache's row for this step's key ([B, H, 1, C], FeatureMap.cache_row) and the factor
-        [B, H, 1, 1] taking its features to the normalised phi_k the step uses (None where they are
-        phi_k: cached as used, or not normalised)."""
-        key = self.phi.cache_row(writes.keys, writes.phi_k)
-        if key is writes.phi_k or not self.rule.normalised_phi:
-            return key, None
-        return key, phi_scale(self.phi.cached_features(key), self.delta_norm)
 
     def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
                      incremental_state) -> Tensor:

@@ -1,4 +1,5 @@
-"""FAVOR+ with a hand-written backward: the same function as feature_maps.favor_plus, in fewer passes.
+"""FAVOR+ with a hand-written backward: the same function as feature_maps.favor_plus, in fewer passes
+(and `orthogonal_gaussian`, the draw of its projection R).
 
 With x' = x d^-1/4, u = x' R^T [..., m], h = |x'|^2 / 2 and e = [u - h, -u - h] [..., 2m]:
 
@@ -65,3 +66,20 @@ class FavorFunction(torch.autograd.Function):
         if argmax is None:  # keys: dh = -sum(de); a query's is 0
             dx.addcmul_(xs, de.sum(dim=-1, keepdim=True), value=-1)
         return dx.mul_(d ** -0.25), None, None
+
+
+def orthogonal_gaussian(rows, cols, device, dtype):
+    """[rows, cols] block-orthogonal Gaussian matrix as in the Performer (Choromanski et al., 2021).
+
+    Each block of `cols` rows is the orthonormal Q of a Gaussian matrix; row norms are then
+    replaced by norms of independent Gaussian vectors so that each row is marginally N(0, I)
+    (unbiased softmax-kernel estimate) while rows within a block stay orthogonal (lower variance).
+    """
+    blocks = []
+    for start in range(0, rows, cols):
+        gaussian = torch.randn(cols, cols, device=device, dtype=torch.float32)
+        q, _ = torch.linalg.qr(gaussian)  # [cols, cols], orthonormal columns
+        blocks.append(q.T[: rows - start])  # orthonormal rows
+    directions = torch.cat(blocks, dim=0)  # [rows, cols]
+    norms = torch.randn(rows, cols, device=device, dtype=torch.float32).norm(dim=1, keepdim=True)  # [rows, 1]
+    return (norms * directions).to(dtype)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_lazy_step, dpfp_scores
-from .favor_function import FavorFunction, favor_forward
+from .favor_function import FavorFunction, favor_forward, orthogonal_gaussian
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -95,23 +95,6 @@ def _eager_form(function, plain, alone, x, *args):
 PHI_NORMS = {"sum": sum_normalize, "l2": l2_normalize}
 
 
-def _orthogonal_gaussian(rows, cols, device, dtype):
-    """[rows, cols] block-orthogonal Gaussian matrix as in the Performer (Choromanski et al., 2021).
-
-    Each block of `cols` rows is the orthonormal Q of a Gaussian matrix; row norms are then
-    replaced by norms of independent Gaussian vectors so that each row is marginally N(0, I)
-    (unbiased softmax-kernel estimate) while rows within a block stay orthogonal (lower variance).
-    """
-    blocks = []
-    for start in range(0, rows, cols):
-        gaussian = torch.randn(cols, cols, device=device, dtype=torch.float32)
-        q, _ = torch.linalg.qr(gaussian)  # [cols, cols], orthonormal columns
-        blocks.append(q.T[: rows - start])  # orthonormal rows
-    directions = torch.cat(blocks, dim=0)  # [rows, cols]
-    norms = torch.randn(rows, cols, device=device, dtype=torch.float32).norm(dim=1, keepdim=True)  # [rows, 1]
-    return (norms * directions).to(dtype)
-
-
 class FeatureMap(nn.Module, abc.ABC):
     """phi: [..., d_key] -> [..., out_dim]. A module, so that a map with state (FAVOR+'s random
     projection) lives in its owner's state dict; the parameter-free maps add nothing to it."""
@@ -138,17 +121,15 @@ class FeatureMap(nn.Module, abc.ABC):
         """phi(x) normalised by --fw-delta-norm's `kind` ("sum" or "l2", PHI_NORMS)."""
         return PHI_NORMS[kind](self(x, is_query))
 
-    # What a decoding cache keeps of each key (decoder_state.py's lazy cache): by default its features,
-    # read by a matmul. A map whose features are wider than the key and cheap to recompute keeps the
-    # raw key instead (Dpfp), so a step reads fewer values.
-
     @property
     def cache_width(self):
-        """The width of a cached key's row."""
+        """The width of what a decoding cache (decoder_state.py) keeps of a key: by default its features,
+        read by a matmul; a map whose features are wider than the key and cheap to recompute keeps the
+        raw key instead (Dpfp), so that a step reads fewer values."""
         return self.out_dim
 
     def cache_row(self, x, phi):
-        """What the cache keeps of keys x [..., d_key] with features phi [..., E] (unnormalised)."""
+        """What the cache keeps of keys x [..., d_key] whose features, as the attention uses them, are phi."""
         return phi
 
     def cached_features(self, cached):
@@ -246,7 +227,7 @@ class FavorPlus(FeatureMap):
             raise ValueError(f"FavorPlus: num_features={num_features!r} is not allowed; it must be an int >= 1")
         self.head_dim = head_dim
         self.num_features = num_features
-        self.register_buffer("projection", _orthogonal_gaussian(num_features, head_dim, None, torch.float32))
+        self.register_buffer("projection", orthogonal_gaussian(num_features, head_dim, None, torch.float32))
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, num_features={self.num_features}"
@@ -259,7 +240,7 @@ class FavorPlus(FeatureMap):
     def redraw(self):
         """Draw a fresh R in place (same device and dtype as the current buffer)."""
         p = self.projection
-        p.copy_(_orthogonal_gaussian(self.num_features, self.head_dim, p.device, p.dtype))
+        p.copy_(orthogonal_gaussian(self.num_features, self.head_dim, p.device, p.dtype))
 
     def forward(self, x, is_query):
         """x: [..., head_dim] -> phi(x): [..., 2m]; `is_query` picks the stabilisation (see below)."""
