@@ -1,4 +1,5 @@
-"""Shared input factory for the ops tests: realistic fast weight inputs (bounded delta rule)."""
+"""Shared pieces of the ops tests: realistic fast weight inputs (bounded delta rule), and the two forms of
+the ops that have a CPU kernel."""
 import pytest
 import torch
 
@@ -27,3 +28,16 @@ def make_fast_weight_inputs(B=2, H=3, T=37, E=8, M=5, dtype=torch.float64, seed=
 @pytest.fixture
 def make_inputs():
     return make_fast_weight_inputs
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def cpu_form(request, monkeypatch):
+    """The ops with a compiled CPU kernel (fw_fairseq._cpu: DPFP, the decoding steps) on the kernel, then
+    in their PyTorch form (the extension taken away)."""
+    from fw_fairseq.ops import cpu_extension
+
+    if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
+        pytest.skip("fw_fairseq._cpu is not built")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_extension, "_cpu", False)
+    return request.param

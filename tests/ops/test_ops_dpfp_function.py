@@ -9,19 +9,14 @@ import shutil
 import pytest
 import torch
 
-from fw_fairseq.ops import cpu_extension, dpfp, dpfp_function, feature_map
+from fw_fairseq.ops import dpfp, dpfp_function, feature_map
 from fw_fairseq.ops.dpfp_function import DpfpFunction
 
 
-@pytest.fixture(autouse=True, params=["kernel", "torch"])
-def form(request, monkeypatch):
-    """Every test runs with the compiled kernel and again with the PyTorch form."""
-    if request.param == "kernel":
-        if cpu_extension.cpu_kernel(torch.zeros(1)) is None:
-            pytest.skip("fw_fairseq._cpu is not built")
-    else:
-        monkeypatch.setattr(cpu_extension, "_cpu", False)
-    return request.param
+@pytest.fixture(autouse=True)
+def form(cpu_form):
+    """Every test runs with the compiled kernel and again with the PyTorch form (conftest's cpu_form)."""
+    return cpu_form
 
 
 def test_the_kernel_is_built_where_a_compiler_is():

@@ -119,20 +119,8 @@ def test_fits_compares_the_values_read_with_the_state():
     assert fits(32, 64, 65) and not fits(33, 64, 65)
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def form(request, monkeypatch):
-    """DPFP's cached steps on the CPU kernel (cpu/lazy_step.cpp, dpfp_scores) and in PyTorch ops."""
-    from fw_fairseq.ops import cpu_extension
-
-    if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
-        pytest.skip("fw_fairseq._cpu is not built")
-    if request.param == "torch":
-        monkeypatch.setattr(cpu_extension, "_cpu", False)
-    return request.param
-
-
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
-def test_raw_key_cache_matches_the_feature_cache(rule, form):
+def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
     """A cache of DPFP's raw keys, the writes scaled by the keys' normalisation, steps like the cache of
     the normalised features themselves: outputs and folded state (float64, in place, with a reorder)."""
     from fw_fairseq.ops import feature_map, phi_scale

@@ -29,22 +29,10 @@ def test_step_matches_naive_outputs_states_and_grads(make_inputs, rule, with_sta
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def form(request, monkeypatch):
-    """step_in_place's two forms: the CPU kernel (cpu/state_step.cpp) and the PyTorch form."""
-    from fw_fairseq.ops import cpu_extension
-
-    if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
-        pytest.skip("fw_fairseq._cpu is not built")
-    if request.param == "torch":
-        monkeypatch.setattr(cpu_extension, "_cpu", False)
-    return request.param
-
-
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_in_place_step_matches_the_step(make_inputs, rule, with_state, dtype, form):
+def test_in_place_step_matches_the_step(make_inputs, rule, with_state, dtype, cpu_form):
     """step_in_place (generation) gives the step's output and leaves the step's state in its argument."""
     from fw_fairseq.ops.step import step_in_place
 
@@ -61,7 +49,7 @@ def test_in_place_step_matches_the_step(make_inputs, rule, with_state, dtype, fo
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
-def test_in_place_step_continues_reordered_rows_into_out(make_inputs, rule, form):
+def test_in_place_step_continues_reordered_rows_into_out(make_inputs, rule, cpu_form):
     """Beam search's reorder folded into the step: the hypotheses continue rows `order` of the state
     (repeated and dropped rows), their new states go to `out`, the old state is left as it was."""
     from fw_fairseq.ops.step import step_in_place
