@@ -46,8 +46,20 @@ inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_
       for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
     }
     if (norm == kNone) continue;
+    // kLanes independent partial sums: a single running sum would wait on each add (no -ffast-math)
+    constexpr int64_t kLanes = 16;
+    T lanes[kLanes] = {};
+    int64_t e = 0;
+    if (norm == kSum) {
+      for (; e + kLanes <= E; e += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[e + l];
+    } else {
+      for (; e + kLanes <= E; e += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[e + l] * row[e + l];
+    }
     T total = T(0);
-    for (int64_t e = 0; e < E; ++e) total += norm == kSum ? row[e] : row[e] * row[e];
+    for (; e < E; ++e) total += norm == kSum ? row[e] : row[e] * row[e];
+    for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
     const T size = norm == kSum ? total : std::sqrt(total);
     const T scale = T(1) / std::max(size, T(eps));
     for (int64_t e = 0; e < E; ++e) row[e] *= scale;

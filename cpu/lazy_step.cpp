@@ -5,6 +5,7 @@
 //   o = sum_s a_s W_s + (phi(q) . phi(k)) u
 // K [t, d] the cached raw keys, W [t, M] the cached writes (already multiplied by the keys' normalisation).
 #include "kernels.h"
+#include "dot.h"
 #include "dpfp_rows.h"
 
 #include <ATen/Parallel.h>
@@ -44,8 +45,7 @@ inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, con
       for (int64_t m = 0; m < M; ++m) read_q[m] += a * w[m];
     }
   }
-  T qk = T(0);
-  for (int64_t e = 0; e < E; ++e) qk += q[e] * k[e];
+  const T qk = fw::dot(q, k, E);
   for (int64_t m = 0; m < M; ++m) u[m] = beta ? *beta * (v[m] - past[M + m]) : v[m];
   for (int64_t m = 0; m < M; ++m) o[m] = past[m] + qk * u[m];
 }

@@ -9,6 +9,7 @@
 // the step then reads it twice and writes it once. Here a head's state is read from memory once (the
 // second pass finds its 64 KB in cache) and written once, into `out` (`state` itself when order is absent).
 #include "kernels.h"
+#include "dot.h"
 
 #include <ATen/Parallel.h>
 
@@ -36,8 +37,7 @@ inline __attribute__((always_inline)) void step_head(const T* __restrict__ S, T*
       for (int64_t m = 0; m < M; ++m) rq[m] += qe * row[m];
     }
   }
-  T qk = T(0);
-  for (int64_t e = 0; e < E; ++e) qk += q[e] * k[e];
+  const T qk = fw::dot(q, k, E);
   // u in rk's place: beta (v - alpha k S) or v
   for (int64_t m = 0; m < M; ++m) rk[m] = beta ? *beta * (v[m] - a * rk[m]) : v[m];
   for (int64_t m = 0; m < M; ++m) o[m] = a * rq[m] + qk * rk[m];
