@@ -9,9 +9,7 @@ The cached source takes one of two forms, whichever a step reads fewer values of
 - the memory W [rows, H, E, M] (M = D, or D + 1 with the sum rule's z column), o = phi(q) W;
 - short sources: the keys' features and the effective writes side by side, [rows, H, S, E + M],
   o = (phi(q) phi(K)^T) U, the same function since W = sum_s phi(k_s)^T u_s. Sum rule: u_s = v_s.
-  Delta rule: the u_s of the sequential writes, u_t = beta_t (v_t - sum_{s<t} (k_t . k_s) u_s), one
-  unit lower triangular solve (ops/README.md's UT form over one chunk); the gated rule decays the
-  pairs by gamma_t / gamma_s and folds W's decay gamma_S / gamma_s of each write into u_s.
+  Delta rule: the u_s of the sequential writes (ops/effective_writes.py).
   Padded positions have zero value rows and beta = 0 (alpha = 1): u_s = 0, they write nothing in
   either form.
 The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
@@ -23,35 +21,13 @@ import torch
 from torch import Tensor
 
 from fw_fairseq.ops import fast_weight_read
-from fw_fairseq.ops.chunk_gates import ChunkGates
+from fw_fairseq.ops.effective_writes import effective_writes
 
 
 def source_fits(length: int, d_phi: int, width: int) -> bool:
     """Whether a step over `length` source positions, reading length (d_phi + width) values per
     head, reads fewer than the [d_phi, width] memory."""
     return length * (d_phi + width) < d_phi * width
-
-
-def effective_writes(phi_k: Tensor, v: Tensor, beta: Optional[Tensor] = None,
-                     alpha: Optional[Tensor] = None) -> Tensor:
-    """U [B, H, S, M] with sum_s phi(k_s)^T u_s = the rule's memory of phi_k [B, H, S, E],
-    v [B, H, S, M] (beta None: the sum rule; alpha given: the gated delta rule, beta, alpha [B, H, S])."""
-    if beta is None:
-        return v
-    bsz, heads, length, _ = phi_k.shape
-    pairs = (phi_k @ phi_k.transpose(-1, -2)).tril(-1)  # [B, H, S, S], k_t . k_s for s < t
-    gates = None
-    if alpha is not None:
-        # [B, H, S] -> [B H, 1 chunk, S]: g_t = sum_{s<=t} log alpha_s, every decay exp(g_t - g_s)
-        gates = ChunkGates(alpha.log().cumsum(-1).reshape(bsz * heads, 1, length))
-        pairs = pairs * gates.pair.view(bsz, heads, length, length)  # gamma_t / gamma_s
-    eye = torch.eye(length, dtype=pairs.dtype, device=pairs.device)
-    b = beta[..., None]  # [B, H, S, 1]
-    # (I + diag(beta) X) U = diag(beta) V: row t is u_t = beta_t (v_t - sum_{s<t} X_ts u_s)
-    u = torch.linalg.solve_triangular(eye + b * pairs, b * v, upper=False, unitriangular=True)
-    if gates is not None:
-        u = u * gates.write.view(bsz, heads, length, 1)  # gamma_S / gamma_s: W's decay of write s
-    return u
 
 
 def write_source(rule, phi_k: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
+from .effective_writes import effective_writes
 from .fast_weight import _check_causal, _check_tensor, causal, fast_weight_read, memory
 from .guards import autocast_off, state_dtype
 from .step import step_delta, step_gated_delta, step_sum
@@ -100,9 +101,11 @@ def fast_weight_write(k, v, beta=None, alpha=None):
 def fast_weight_attend(q, k, v, beta=None, alpha=None):
     """Non-causal attention through fast weights: fast_weight_read(q, fast_weight_write(k, v, beta, alpha)).
 
-    Same function, cheaper order where it exists: for the sum rule, when Tq*T*(E+M) is below
-    (Tq+T)*E*M (short sentences: T < E, M), o = (q k^T) v never forms the [E, M] memory.
-    q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta, alpha [B, H, T] or None -> o [B, H, Tq, M].
+    Same function, cheaper order where it exists: when Tq*T*(E+M) is below (Tq+T)*E*M (short
+    sentences: T < E, M), o = (q k^T) U never forms the [E, M] memory, with U the rule's effective
+    writes (effective_writes.py: V for the sum rule). The delta rules take it only where autograd records
+    nothing (generation, validation); with autograd their memory has the chunked form's hand-written
+    backward. q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], beta, alpha [B, H, T] or None -> o [B, H, Tq, M].
     """
     rule, scalars = _rule_of("fast_weight_attend", beta, alpha)
     _, k, v, scalar_list, _ = _check_causal("fast_weight_attend", k, k, v, scalars, None, names=("k", "k", "v"))
@@ -115,10 +118,11 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     q, k, v = (x.to(dtype) for x in (q, k, v))
     scalars = {name: x.to(dtype) for name, x in zip(scalars, scalar_list)}
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
-    if rule is SUM and Tq * T * (E + M) < (Tq + T) * E * M:
+    recorded = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *scalar_list))
+    if Tq * T * (E + M) < (Tq + T) * E * M and (rule is SUM or not recorded):
         dtype = state_dtype(dtype)
         scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
-        return scores @ v.to(dtype)  # [B, H, Tq, M]
+        return scores @ effective_writes(k.to(dtype), v.to(dtype), *(x.to(dtype) for x in scalar_list))
     return fast_weight_read(q, memory(rule, "fast_weight_attend", k, v, scalars))
 
 

@@ -35,3 +35,20 @@ def test_attend_rejects_mismatched_query(make_inputs):
     q = make_inputs(E=6, M=5, seed=1)[0]
     with pytest.raises(ValueError, match="fast_weight_attend: q has shape"):
         fast_weight_attend(q, k, v)
+
+
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+@pytest.mark.parametrize("T,Tq,E,M", [(5, 3, 16, 9), (80, 70, 4, 3)])
+def test_attend_without_autograd_reads_the_effective_writes(make_inputs, rule, T, Tq, E, M):
+    """Where autograd records nothing, the delta rules' short order (q k^T) U (effective_writes.py) and
+    their long one give naive_noncausal's outputs, padded positions (beta = 0, zero values) included."""
+    from rule_runner import make_alpha
+
+    _, k, v, beta, _ = make_inputs(T=T, E=E, M=M)
+    q = make_inputs(T=Tq, E=E, M=M, seed=5)[0]
+    beta, v = beta.clone(), v.clone()
+    beta[0, :, -1], v[0, :, -1] = 0.0, 0.0  # a padded last position of sentence 0
+    alpha = make_alpha(B=2, H=3, T=T) if rule == "gated_delta" else None
+    with torch.no_grad():
+        ours = fast_weight_attend(q, k, v, beta, alpha)
+    torch.testing.assert_close(ours, naive_noncausal(q, k, v, beta, alpha), rtol=1e-10, atol=1e-12)
