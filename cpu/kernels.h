@@ -22,7 +22,10 @@ torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, 
 std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
                                                         const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
                                                         const torch::Tensor& keys, const torch::Tensor& writes,
-                                                        const c10::optional<torch::Tensor>& decay, int64_t nu);
+                                                        const c10::optional<torch::Tensor>& decay, int64_t nu,
+                                                        const c10::optional<torch::Tensor>& order,
+                                                        const c10::optional<torch::Tensor>& keys_out,
+                                                        const c10::optional<torch::Tensor>& writes_out);
 
 // state_step.cpp: a decoding step of the fast weight state, beam search's reorder folded in
 torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -4,12 +4,15 @@
 //   u = beta (v - sum_s b_s W_s)  (delta rules)   or   u = v  (sum rule: beta absent)
 //   o = sum_s a_s W_s + (phi(q) . phi(k)) u
 // K [t, d] the cached raw keys, W [t, M] the cached writes (already multiplied by the keys' normalisation).
+// With `order` (beam search's reorder, left to this step) hypothesis b reads the cache of row order[b] and
+// copies it into keys_out / writes_out as it goes: the reorder costs no pass of its own over the cache.
 #include "kernels.h"
 #include "dot.h"
 #include "dpfp_rows.h"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -17,8 +20,9 @@ namespace {
 template <typename T>
 inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, const T* v, const T* beta, const T* K,
                                                      int64_t ks, const T* W, int64_t ws, const T* C, int64_t cs,
-                                                     int64_t t, int64_t d, int64_t nu, int64_t M, T* o, T* u,
-                                                     T* S, T* r_ext, T* past) {
+                                                     T* Kout, int64_t kos, T* Wout, int64_t wos, int64_t t,
+                                                     int64_t d, int64_t nu, int64_t M, T* o, T* u, T* S, T* r_ext,
+                                                     T* past) {
   const int64_t E = 2 * d * nu, R = beta ? 2 : 1;
   const T* rows[2] = {q, k};
   if (beta) {
@@ -28,10 +32,13 @@ inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, con
   }
   T* __restrict__ read_q = past;  // sum_s a_s W_s
   T* __restrict__ read_k = past + M;  // sum_s b_s W_s
+  if (Kout)  // the keys just scored are in cache: their copy is cheap
+    for (int64_t s = 0; s < t; ++s) std::copy(K + s * ks, K + s * ks + d, Kout + s * kos);
   for (int64_t m = 0; m < R * M; ++m) past[m] = T(0);
   for (int64_t s = 0; s < t; ++s) {
     const T c = C ? C[s * cs] : T(1);
     const T* __restrict__ w = W + s * ws;
+    if (Wout) std::copy(w, w + M, Wout + s * wos);
     const T a = S[s] * c;
     if (beta) {
       const T b = S[t + s] * c;
@@ -50,56 +57,71 @@ inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, con
   for (int64_t m = 0; m < M; ++m) o[m] = past[m] + qk * u[m];
 }
 
-struct Cache {  // a [B, H, t, width] view's base and strides (width contiguous)
+struct Cache {  // a [B, H, t, width] view's base and strides (width contiguous); base null: absent
   int64_t b, h, s;
 };
 
 template <typename T>
-inline __attribute__((always_inline)) void lazy_rows(const T* Q, const T* Kq, const T* V, const T* beta, const T* K,
-                                                     Cache kc, const T* W, Cache wc, const T* C, Cache cc, T* O, T* U,
-                                                     int64_t H, int64_t t, int64_t d, int64_t nu, int64_t M,
-                                                     int64_t begin, int64_t end) {
-  const int64_t E = 2 * d * nu;
-  std::vector<T> S(2 * t), r_ext(2 * d + nu), past(2 * M);
+struct Step {  // one call's tensors: rows [B H, 1, .] contiguous, caches as strided views
+  const T *Q, *Kq, *V, *beta, *K, *W, *C;
+  T *Kout, *Wout, *O, *U;
+  Cache kc, wc, cc, koc, woc;
+  const int64_t* order;  // hypothesis b reads the cache row order[b] (null: b)
+  int64_t H, t, d, nu, M;
+};
+
+template <typename T>
+inline __attribute__((always_inline)) void lazy_rows(const Step<T>& a, int64_t begin, int64_t end) {
+  const int64_t E = 2 * a.d * a.nu;
+  std::vector<T> S(2 * a.t), r_ext(2 * a.d + a.nu), past(2 * a.M);
   for (int64_t n = begin; n < end; ++n) {
-    const int64_t b = n / H, h = n % H;
-    lazy_head(Q + n * E, Kq + n * E, V + n * M, beta ? beta + n : nullptr, K + b * kc.b + h * kc.h, kc.s,
-              W + b * wc.b + h * wc.h, wc.s, C ? C + b * cc.b + h * cc.h : nullptr, cc.s, t, d, nu, M, O + n * M,
-              U + n * M, S.data(), r_ext.data(), past.data());
+    const int64_t b = n / a.H, h = n % a.H, source = a.order ? a.order[b] : b;
+    lazy_head(a.Q + n * E, a.Kq + n * E, a.V + n * a.M, a.beta ? a.beta + n : nullptr,
+              a.K + source * a.kc.b + h * a.kc.h, a.kc.s, a.W + source * a.wc.b + h * a.wc.h, a.wc.s,
+              a.C ? a.C + b * a.cc.b + h * a.cc.h : nullptr, a.cc.s,
+              a.Kout ? a.Kout + b * a.koc.b + h * a.koc.h : nullptr, a.koc.s,
+              a.Wout ? a.Wout + b * a.woc.b + h * a.woc.h : nullptr, a.woc.s, a.t, a.d, a.nu, a.M, a.O + n * a.M,
+              a.U + n * a.M, S.data(), r_ext.data(), past.data());
   }
 }
 
-FW_CLONES void lazy_range(const float* Q, const float* Kq, const float* V, const float* beta, const float* K, Cache kc,
-                          const float* W, Cache wc, const float* C, Cache cc, float* O, float* U, int64_t H, int64_t t,
-                          int64_t d, int64_t nu, int64_t M, int64_t b, int64_t e) {
-  lazy_rows(Q, Kq, V, beta, K, kc, W, wc, C, cc, O, U, H, t, d, nu, M, b, e);
-}
-FW_CLONES void lazy_range(const double* Q, const double* Kq, const double* V, const double* beta, const double* K,
-                          Cache kc, const double* W, Cache wc, const double* C, Cache cc, double* O, double* U,
-                          int64_t H, int64_t t, int64_t d, int64_t nu, int64_t M, int64_t b, int64_t e) {
-  lazy_rows(Q, Kq, V, beta, K, kc, W, wc, C, cc, O, U, H, t, d, nu, M, b, e);
-}
+FW_CLONES void lazy_range(const Step<float>& a, int64_t b, int64_t e) { lazy_rows(a, b, e); }
+FW_CLONES void lazy_range(const Step<double>& a, int64_t b, int64_t e) { lazy_rows(a, b, e); }
 
 // the tensor as a view with its last dim contiguous (a cache's view keeps its layout: copying it would
 // cost what the cache saves)
 torch::Tensor last_contiguous(const torch::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
 
+Cache strides(const torch::Tensor& x) { return x.defined() ? Cache{x.stride(0), x.stride(1), x.stride(2)} : Cache{0, 0, 0}; }
+
+// out [B, H, t, width] of the cache's dtype, its last dim contiguous, written in place (a spare storage's view)
+void check_out(const c10::optional<torch::Tensor>& out, const torch::Tensor& cache, int64_t B, const char* name) {
+  TORCH_CHECK(out->dim() == 4 && out->size(0) == B && out->size(1) == cache.size(1) && out->size(2) == cache.size(2) &&
+                  out->size(3) == cache.size(3) && out->stride(3) == 1 && out->scalar_type() == cache.scalar_type(),
+              "dpfp_lazy_step: ", name, " must be [B, H, t, width] like the cache, its last dim contiguous");
+}
+
 }  // namespace
 
-// phi_q, phi_k [B, H, 1, E]; v [B, H, 1, M]; beta [B, H, 1] or None (sum rule); keys [B, H, t, d];
-// writes [B, H, t, M]; decay [B, H, t] or None -> (o, u), each [B, H, 1, M]
+// phi_q, phi_k [B, H, 1, E]; v [B, H, 1, M]; beta [B, H, 1] or None (sum rule); keys [B', H, t, d];
+// writes [B', H, t, M]; decay [B, H, t] or None (already in the hypotheses' order); order [B] rows of the
+// caches or None (B' = B), keys_out / writes_out [B, H, t, .] their reordered copies (with order) -> (o, u),
+// each [B, H, 1, M]
 std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
                                                         const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
                                                         const torch::Tensor& keys, const torch::Tensor& writes,
-                                                        const c10::optional<torch::Tensor>& decay, int64_t nu) {
+                                                        const c10::optional<torch::Tensor>& decay, int64_t nu,
+                                                        const c10::optional<torch::Tensor>& order,
+                                                        const c10::optional<torch::Tensor>& keys_out,
+                                                        const c10::optional<torch::Tensor>& writes_out) {
   TORCH_CHECK(keys.dim() == 4 && writes.dim() == 4 && keys.device().is_cpu(),
               "dpfp_lazy_step: keys and writes must be [B, H, t, d] and [B, H, t, M] CPU tensors");
-  const int64_t B = keys.size(0), H = keys.size(1), t = keys.size(2), d = keys.size(3), M = writes.size(3);
-  const int64_t E = 2 * d * nu;
+  const int64_t B = order ? order->numel() : keys.size(0), H = keys.size(1), t = keys.size(2), d = keys.size(3);
+  const int64_t M = writes.size(3), E = 2 * d * nu;
   const auto type = keys.scalar_type();
   TORCH_CHECK(type == torch::kFloat || type == torch::kDouble, "dpfp_lazy_step: keys must be float32 or float64");
   TORCH_CHECK(nu >= 1 && nu <= 2 * d - 1, "dpfp_lazy_step: nu must be in 1..2d-1, got ", nu);
-  TORCH_CHECK(writes.size(0) == B && writes.size(1) == H && writes.size(2) == t && writes.scalar_type() == type,
+  TORCH_CHECK(writes.size(0) == keys.size(0) && writes.size(1) == H && writes.size(2) == t && writes.scalar_type() == type,
               "dpfp_lazy_step: writes must be [B, H, t, M] of the keys' dtype");
   TORCH_CHECK(phi_q.numel() == B * H * E && phi_k.numel() == B * H * E && v.numel() == B * H * M,
               "dpfp_lazy_step: phi_q, phi_k must be [B, H, 1, 2 d nu] and v [B, H, 1, M]");
@@ -110,17 +132,27 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi
   const auto cv = decay ? decay->to(type) : torch::Tensor();
   TORCH_CHECK(!decay || (cv.dim() == 3 && cv.size(0) == B && cv.size(1) == H && cv.size(2) == t),
               "dpfp_lazy_step: decay must be [B, H, t]");
+  const auto oc = order ? order->contiguous() : torch::Tensor();
+  if (order) {
+    TORCH_CHECK(order->scalar_type() == torch::kLong && keys_out && writes_out,
+                "dpfp_lazy_step: a reorder takes int64 rows and both keys_out and writes_out");
+    check_out(keys_out, keys, B, "keys_out");
+    check_out(writes_out, writes, B, "writes_out");
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t row = oc.data_ptr<int64_t>()[b];
+      TORCH_CHECK(row >= 0 && row < keys.size(0), "dpfp_lazy_step: order[", b, "] = ", row, " is not a row of the cache");
+    }
+  }
   auto o = torch::empty({B, H, 1, M}, keys.options()), u = torch::empty({B, H, 1, M}, keys.options());
   AT_DISPATCH_FLOATING_TYPES(type, "dpfp_lazy_step", [&] {
-    const Cache kc{kv.stride(0), kv.stride(1), kv.stride(2)}, wc{wv.stride(0), wv.stride(1), wv.stride(2)};
-    const Cache cc = decay ? Cache{cv.stride(0), cv.stride(1), cv.stride(2)} : Cache{0, 0, 0};
-    const scalar_t* betas = beta ? bc.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* C = decay ? cv.data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, B * H, 4, [&](int64_t b, int64_t e) {
-      lazy_range(qc.data_ptr<scalar_t>(), kqc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), betas,
-                 kv.data_ptr<scalar_t>(), kc, wv.data_ptr<scalar_t>(), wc, C, cc, o.data_ptr<scalar_t>(),
-                 u.data_ptr<scalar_t>(), H, t, d, nu, M, b, e);
-    });
+    Step<scalar_t> a{qc.data_ptr<scalar_t>(), kqc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+                     beta ? bc.data_ptr<scalar_t>() : nullptr, kv.data_ptr<scalar_t>(), wv.data_ptr<scalar_t>(),
+                     decay ? cv.data_ptr<scalar_t>() : nullptr,
+                     order ? keys_out->data_ptr<scalar_t>() : nullptr, order ? writes_out->data_ptr<scalar_t>() : nullptr,
+                     o.data_ptr<scalar_t>(), u.data_ptr<scalar_t>(), strides(kv), strides(wv), strides(cv),
+                     order ? strides(*keys_out) : Cache{0, 0, 0}, order ? strides(*writes_out) : Cache{0, 0, 0},
+                     order ? oc.data_ptr<int64_t>() : nullptr, H, t, d, nu, M};
+    at::parallel_for(0, B * H, 4, [&](int64_t b, int64_t e) { lazy_range(a, b, e); });
   });
   return {o, u};
 }

@@ -54,8 +54,9 @@ def fits(length: int, d_phi: int, width: int, key_width: Optional[int] = None) -
 # or the state, each with its reorder spare under spare_name(name)
 ENTRIES = {"keys": True, "writes": True, "decay": True, "state": False}
 CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_step's, in its order
-# generation: beam search's reorder of the state, not applied yet; the next step gathers the rows as it
-# reads them (step_state). A later reorder composes with it like any other row-indexed entry.
+# generation: beam search's reorder of the lazy cache or the state, not applied yet; the next step gathers
+# the rows as it reads them (lazy_step's gather, step_state). A later reorder composes with it like any
+# other row-indexed entry.
 ORDER = "state_order"
 
 
@@ -140,19 +141,30 @@ def step_state(q: Tensor, k: Tensor, v: Tensor, beta: Optional[Tensor], alpha: O
 
 def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],
               decay: Optional[Tensor], beta: Optional[Tensor] = None, alpha: Optional[Tensor] = None,
-              phi=None, key: Optional[Tensor] = None, scale: Optional[Tensor] = None
-              ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+              phi=None, key: Optional[Tensor] = None, scale: Optional[Tensor] = None,
+              gather: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """One decoding step from the past positions' keys and writes (None before the first).
 
     beta None: the sum rule (u_t = v_t, the caller's v carries the z column); beta given: the
     delta rule, gated by alpha if given. phi None: the cache keeps phi(k) itself; else the FeatureMap
     whose rows it keeps, `key` this step's row [B, H, 1, C] and `scale` (None: 1) the factor of phi_k
-    over phi.cached_features(key). Returns (o [B, H, 1, M], keys [B, H, t, C], writes [B, H, t, M],
-    decay [B, H, t] for the gated rule else None)."""
+    over phi.cached_features(key). gather (generation): (order [B], keys_out, writes_out), beam search's
+    reorder left to this step: the hypotheses continue rows `order` of keys and writes [B', H, t-1, .],
+    gathered into the outs (their views in spare storages) while the step reads them where the map's
+    fused step can (FeatureMap.cached_step), else first; decay is already in the hypotheses' order.
+    Returns (o [B, H, 1, M], keys [B, H, t, C], writes [B, H, t, M], decay [B, H, t] for the gated rule
+    else None)."""
     if decay is not None and alpha is not None:
         # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
         decay = decay.mul_(alpha) if in_place() else decay * alpha
-    fused = None if writes is None or phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay)
+    fused = None if writes is None or phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay,
+                                                                         gather)
+    if gather is not None:
+        order, keys_out, writes_out = gather
+        if fused is None:  # no fused step to gather the rows as it reads them
+            torch.index_select(keys, 0, order, out=keys_out)
+            torch.index_select(writes, 0, order, out=writes_out)
+        keys, writes = keys_out, writes_out
     o, u = _read(phi_q, phi_k, v, keys, writes, decay, beta, phi) if fused is None else fused
     key = phi_k if key is None else key
     positions = capacity(phi_k.size(-1), u.size(-1), key.size(-1))  # folded before it outgrows this
@@ -207,12 +219,24 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     Returns o [B, H, T, M]."""
     past = buffer.get("keys")  # [B, H, t-1, C] while the cache is live
     length = phi_q.size(2) + (0 if past is None else past.size(2))
+    order = buffer.pop(ORDER, None)  # a reorder left for this step (generation)
     if phi_q.size(2) == 1 and fits(length, phi_q.size(-1), v.size(-1), phi.cache_width) and "state" not in buffer:
         key = phi.cache_row(keys, phi_k)  # [B, H, 1, C]
         # phi_k = scale phi(key) where the cache keeps a key whose features are not normalised
         scale = None if key is phi_k or norm is None else phi_scale(phi.cached_features(key), norm)
+        gather = None
+        if order is not None:
+            if buffer.get("decay") is not None:  # t values a head, scaled before the step reads them
+                buffer["decay"], buffer[spare_name("decay")] = reorder(buffer["decay"], order,
+                                                                       buffer.get(spare_name("decay")))
+            gather = (order, *(_target(buffer[name], order.numel(), buffer.get(spare_name(name)), True)
+                               for name in ("keys", "writes")))
+        before = past, buffer.get("writes")
         o, buffer["keys"], buffer["writes"], decay = lazy_step(
-            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, scale=scale)
+            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, scale=scale,
+            gather=gather)
+        if gather is not None:  # the storages read are the next reorder's spares
+            buffer[spare_name("keys")], buffer[spare_name("writes")] = before
         if decay is not None:
             buffer["decay"] = decay
         return o
@@ -221,8 +245,10 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     for name in CACHE:
         buffer.pop(spare_name(name), None)
         cache.append(buffer.pop(name, None))
+    if order is not None and cache[0] is not None:  # the reorder, applied before the fold
+        cache = [None if x is None else x.index_select(0, order) for x in cache]
+        order = None
     state = buffer.get("state", None if cache[0] is None else fold(*cache, phi=phi))
-    order = buffer.pop(ORDER, None)  # a reorder left for this step
     if phi_q.size(2) == 1 and state is not None and in_place():
         # generation: the state is this layer's own, stepped in place or into its spare
         beta, alpha = (*scalars, None, None)[:2]

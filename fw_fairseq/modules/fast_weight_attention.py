@@ -261,7 +261,7 @@ class FastWeightAttention(nn.Module):
         for name, tensor in list(buffer.items()):
             if tensor is None or name == "memory" or name in spares:
                 continue
-            if name == "state" and in_place():  # left to the next step (an ORDER already there composes below)
+            if name in ENTRIES and in_place():  # left to the next step (an ORDER already there composes below)
                 buffer.setdefault(ORDER, new_order)
             elif name in ENTRIES:  # the decoder state: gathered into its spare storage (decoder_state.py)
                 buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),

@@ -47,11 +47,15 @@ def dpfp_scores(rows, keys, nu):
     return rows @ dpfp_forward(keys, nu).transpose(-1, -2)
 
 
-def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu):
+def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, gather=None):
     """A decoding step over a cache of raw keys (decoder_state.lazy_step) on the CPU kernel, which scores
-    and reads the cache in one pass: (o, u), each [B, H, 1, M]; None where the kernel does not take them."""
+    and reads the cache in one pass: (o, u), each [B, H, 1, M]; None where the kernel does not take them.
+    gather (order, keys_out, writes_out): the hypotheses read rows `order` of the caches, which the kernel
+    copies into keys_out and writes_out as it reads them (beam search's reorder, left to this step)."""
     kernel = cpu_kernel(keys)
-    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu) if kernel else None
+    if not kernel:
+        return None
+    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, *(gather or ()))
 
 
 def _torch_forward(x, nu):

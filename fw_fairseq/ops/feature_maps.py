@@ -140,9 +140,10 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
-    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay):
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, gather=None):
         """A fused form of a decoding step over the cache (decoder_state.lazy_step's (o, u)), or None where
-        the map has none: the step's PyTorch ops run."""
+        the map has none: the step's PyTorch ops run. gather (order, keys_out, writes_out): the step reads
+        rows `order` of the cache and copies them into the outs (dpfp_function.dpfp_lazy_step)."""
         return None
 
 
@@ -198,10 +199,10 @@ class Dpfp(FeatureMap):
             return rows @ self.cached_features(cached).transpose(-1, -2)
         return dpfp_scores(rows, cached, self.nu)
 
-    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay):
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, gather=None):
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return None  # the step's ops, differentiable
-        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu)
+        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu, gather)
 
 
 class FavorPlus(FeatureMap):

@@ -122,7 +122,8 @@ def test_fits_compares_the_values_read_with_the_state():
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
     """A cache of DPFP's raw keys, the writes scaled by the keys' normalisation, steps like the cache of
-    the normalised features themselves: outputs and folded state (float64, in place, with a reorder)."""
+    the normalised features themselves: outputs and folded state (float64, in place, with a reorder,
+    which the raw-key cache leaves to the step: `gather`)."""
     from fw_fairseq.ops import feature_map, phi_scale
 
     phi = feature_map("dpfp", 3, nu=2)
@@ -137,19 +138,24 @@ def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
     beta, alpha = (torch.rand(3, 2, 6, generator=g, dtype=torch.float64) for _ in range(2))
     scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
     with torch.no_grad():
-        ours, ref, spares = [None] * 3, [None] * 3, [[None] * 3, [None] * 3]
+        ours, ref, spares, gather = [None] * 3, [None] * 3, [None] * 3, None
         for t in range(6):
-            if t == 3:  # beam search's reorder, on both caches
+            if t == 3:  # beam search's reorder: applied to the feature cache, left to the raw-key one's step
                 order = torch.tensor([2, 2, 0])
-                for cache, spare in ((ours, spares[0]), (ref, spares[1])):
-                    for i, x in enumerate(cache):
-                        if x is not None:
-                            cache[i], spare[i] = reorder(x, order, spare[i])
+                for i, x in enumerate(ref):
+                    if x is not None:
+                        ref[i], spares[i] = reorder(x, order, spares[i])
+                if ours[2] is not None:  # the decay is gathered before the step scales it
+                    ours[2] = ours[2][order]
+                # the outs: views of the first t positions of storages with room for more, as in generation
+                gather = (order, *(torch.full((3, 2, 8, x.size(-1)), float("nan"), dtype=x.dtype)[:, :, :t]
+                                   for x in ours[:2]))
                 q, k, v, raw, scale, *_ = (x[order] for x in (q, k, v, raw, scale))
                 scalars = tuple(None if x is None else x[order] for x in scalars)
             step = [None if x is None else x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
             o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=raw[:, :, t: t + 1],
-                                 scale=scale[:, :, t: t + 1])
+                                 scale=scale[:, :, t: t + 1], gather=gather)
+            gather = None
             o_ref, *ref = lazy_step(*step[:3], *ref, *step[3:])
             torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
         torch.testing.assert_close(fold(*ours, phi=phi), fold(*ref), rtol=1e-12, atol=1e-12)
