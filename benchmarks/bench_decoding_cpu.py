@@ -15,7 +15,8 @@ states) and the result as a fraction of that floor at the machine's measured cop
 Peak memory is the generate process's maximum resident set size (os.wait4), which includes
 the Python/fairseq baseline that all models share.
 
-Cells of up to 128 tokens run --repeats times (the fastest is kept); longer ones once.
+Cells of up to 128 tokens run --repeats times, the models taking turns (a change in the machine's
+load falls on all of them), and keep each model's fastest; longer ones run once.
 
     python benchmarks/bench_decoding_cpu.py [--lengths 16 64 1024] [--beams 1 4] [--repeats 3] [--note TEXT]
 """
@@ -122,10 +123,12 @@ def main():
         for beam in args.beams:
             for length in args.lengths:
                 row = {"beam": beam, "length": length}
-                for name, checkpoint in checkpoints.items():
-                    runs = [generate(root, checkpoint, length, beam, args.sentences)
-                            for _ in range(args.repeats if length <= 128 else 1)]
-                    r = min(runs, key=lambda run: run["seconds"])
+                runs = {name: [] for name in checkpoints}
+                for _ in range(args.repeats if length <= 128 else 1):
+                    for name, checkpoint in checkpoints.items():  # taking turns: a change of load hits all
+                        runs[name].append(generate(root, checkpoint, length, beam, args.sentences))
+                for name in checkpoints:
+                    r = min(runs[name], key=lambda run: run["seconds"])
                     floor = bytes_per_token(model_shapes[name], length, args.sentences, beam, SOURCE_LENGTH)
                     r["floor_mb_per_token"] = floor / 1e6
                     r["fraction_of_floor"] = r["tokens_per_s"] * floor / bandwidth
