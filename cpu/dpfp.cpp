@@ -11,6 +11,7 @@
 // from the raw d-wide keys, phi formed a key at a time in an L1 buffer and never written out: the cache
 // then holds t (d + M) values per head instead of t (2 d nu + M), as few as softmax's t 2d.
 #include "kernels.h"
+#include "dot.h"
 #include "dpfp_rows.h"
 
 #include <ATen/Parallel.h>
@@ -46,21 +47,7 @@ inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_
       for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
     }
     if (norm == kNone) continue;
-    // kLanes independent partial sums: a single running sum would wait on each add (no -ffast-math)
-    constexpr int64_t kLanes = 16;
-    T lanes[kLanes] = {};
-    int64_t e = 0;
-    if (norm == kSum) {
-      for (; e + kLanes <= E; e += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[e + l];
-    } else {
-      for (; e + kLanes <= E; e += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += row[e + l] * row[e + l];
-    }
-    T total = T(0);
-    for (; e < E; ++e) total += norm == kSum ? row[e] : row[e] * row[e];
-    for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
-    const T size = norm == kSum ? total : std::sqrt(total);
+    const T size = norm == kSum ? fw::sum(row, E) : std::sqrt(fw::dot(row, row, E));
     const T scale = T(1) / std::max(size, T(eps));
     for (int64_t e = 0; e < E; ++e) row[e] *= scale;
   }
@@ -190,7 +177,7 @@ torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, 
   TORCH_CHECK(rows.size(0) == B && rows.size(1) == H && rows.size(3) == 2 * d * nu,
               "dpfp_scores: rows must be [B, H, R, 2 d nu] for keys [B, H, t, d]");
   TORCH_CHECK(rows.scalar_type() == keys.scalar_type(), "dpfp_scores: rows and keys must share a dtype");
-  const auto kc = keys.stride(3) == 1 ? keys : keys.contiguous();
+  const auto kc = last_contiguous(keys);
   const auto qc = rows.contiguous();
   auto out = torch::empty({B, H, R, t}, qc.options());
   AT_DISPATCH_FLOATING_TYPES(kc.scalar_type(), "dpfp_scores", [&] {

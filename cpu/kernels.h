@@ -12,6 +12,21 @@
 #define FW_CLONES
 #endif
 
+// x itself if its last dim is contiguous, else a contiguous copy: a cache's view of its first t positions
+// keeps its layout (copying it would cost what the cache saves)
+inline torch::Tensor last_contiguous(const torch::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
+
+// beam search's order [B] (int64) checked against the `rows` rows it picks from -> its contiguous copy
+inline torch::Tensor checked_order(const torch::Tensor& order, int64_t B, int64_t rows, const char* fn) {
+  TORCH_CHECK(order.scalar_type() == torch::kLong && order.numel() == B, fn, ": order must be B int64 rows");
+  const auto oc = order.contiguous();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t row = oc.data_ptr<int64_t>()[b];
+    TORCH_CHECK(row >= 0 && row < rows, fn, ": order[", b, "] = ", row, " is not one of the ", rows, " rows");
+  }
+  return oc;
+}
+
 // dpfp.cpp: DPFP-nu's forward (normalised if asked: norm 0 none, 1 sum, 2 l2) and backward, and
 // rows . phi(raw keys) for the decoding cache
 torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, double eps);

@@ -88,10 +88,6 @@ inline __attribute__((always_inline)) void lazy_rows(const Step<T>& a, int64_t b
 FW_CLONES void lazy_range(const Step<float>& a, int64_t b, int64_t e) { lazy_rows(a, b, e); }
 FW_CLONES void lazy_range(const Step<double>& a, int64_t b, int64_t e) { lazy_rows(a, b, e); }
 
-// the tensor as a view with its last dim contiguous (a cache's view keeps its layout: copying it would
-// cost what the cache saves)
-torch::Tensor last_contiguous(const torch::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
-
 Cache strides(const torch::Tensor& x) { return x.defined() ? Cache{x.stride(0), x.stride(1), x.stride(2)} : Cache{0, 0, 0}; }
 
 // out [B, H, t, width] of the cache's dtype, its last dim contiguous, written in place (a spare storage's view)
@@ -132,16 +128,11 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi
   const auto cv = decay ? decay->to(type) : torch::Tensor();
   TORCH_CHECK(!decay || (cv.dim() == 3 && cv.size(0) == B && cv.size(1) == H && cv.size(2) == t),
               "dpfp_lazy_step: decay must be [B, H, t]");
-  const auto oc = order ? order->contiguous() : torch::Tensor();
+  const auto oc = order ? checked_order(*order, B, keys.size(0), "dpfp_lazy_step") : torch::Tensor();
   if (order) {
-    TORCH_CHECK(order->scalar_type() == torch::kLong && keys_out && writes_out,
-                "dpfp_lazy_step: a reorder takes int64 rows and both keys_out and writes_out");
+    TORCH_CHECK(keys_out && writes_out, "dpfp_lazy_step: a reorder takes both keys_out and writes_out");
     check_out(keys_out, keys, B, "keys_out");
     check_out(writes_out, writes, B, "writes_out");
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t row = oc.data_ptr<int64_t>()[b];
-      TORCH_CHECK(row >= 0 && row < keys.size(0), "dpfp_lazy_step: order[", b, "] = ", row, " is not a row of the cache");
-    }
   }
   auto o = torch::empty({B, H, 1, M}, keys.options()), u = torch::empty({B, H, 1, M}, keys.options());
   AT_DISPATCH_FLOATING_TYPES(type, "dpfp_lazy_step", [&] {

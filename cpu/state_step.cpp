@@ -96,7 +96,6 @@ torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const t
                   out.sizes() == torch::IntArrayRef({B, H, E, M}),
               "state_step: out must be a contiguous [B, H, E, M] tensor of the state's dtype");
   if (order) {
-    TORCH_CHECK(order->scalar_type() == torch::kLong && order->numel() == B, "state_step: order must be B int64 rows");
     TORCH_CHECK(out.data_ptr() != state.data_ptr(), "state_step: a reordering step needs out apart from state");
   } else {
     TORCH_CHECK(state.size(0) == B, "state_step: without order, state must have B rows");
@@ -105,11 +104,7 @@ torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const t
   const auto vc = rows_of(v, state, B, H, M, "v");
   const auto bc = beta ? rows_of(*beta, state, B, H, 1, "beta") : torch::Tensor();
   const auto ac = alpha ? rows_of(*alpha, state, B, H, 1, "alpha") : torch::Tensor();
-  const auto oc = order ? order->contiguous() : torch::Tensor();
-  for (int64_t b = 0; order && b < B; ++b) {
-    const int64_t row = oc.data_ptr<int64_t>()[b];
-    TORCH_CHECK(row >= 0 && row < state.size(0), "state_step: order[", b, "] = ", row, " is not a row of state");
-  }
+  const auto oc = order ? checked_order(*order, B, state.size(0), "state_step") : torch::Tensor();
   auto o = torch::empty({B, H, 1, M}, state.options());
   AT_DISPATCH_FLOATING_TYPES(state.scalar_type(), "state_step", [&] {
     const scalar_t* S = state.data_ptr<scalar_t>();

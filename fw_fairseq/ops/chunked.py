@@ -16,11 +16,10 @@ fp16/bf16 inputs are computed and accumulated in float32, and outputs and state 
 (guards.state_dtype). Shapes are spelled out at every reshape, never -1: an empty batch (B or H = 0)
 has 0 elements, which no -1 can be inferred from.
 """
-import torch
 import torch.nn.functional as F
 
 from .custom_ops import apply_chunked_delta, apply_chunked_sum
-from .guards import state_dtype
+from .guards import records, state_dtype
 
 # Default (maximum) chunk lengths, from benchmarks on a 2-core CPU with 1 and 2 threads at
 # B*H = 16..256 heads, T = 25..512. The sum rule is about as fast with 32 or 64 and takes 64. The
@@ -64,11 +63,6 @@ def _heads_state(state, dtype):
     return None if state is None else state.to(dtype).flatten(0, 1).contiguous()
 
 
-def _needs_backward(*tensors):
-    """Whether autograd will record the op: only then do the Functions keep tensors for backward."""
-    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
-
-
 def _unflatten_state(S, B, H):
     """[B*H, E, M] -> [B, H, E, M]; None (not asked for) stays None."""
     return None if S is None else S.unflatten(0, (B, H))
@@ -84,7 +78,7 @@ def chunked_sum(q, k, v, initial_state=None, output_final_state=False, chunk_siz
     C = _balanced_chunk(T, chunk_size)
     Q, K, V = (_head_major_chunks(x, C, dtype) for x in (q, k, v))  # [BH, N, C, E|M]
     S0 = _heads_state(initial_state, dtype)
-    o, S = apply_chunked_sum(Q, K, V, S0, output_final_state, _needs_backward(Q, K, V, S0))
+    o, S = apply_chunked_sum(Q, K, V, S0, output_final_state, records(Q, K, V, S0))
     return _from_head_major(o, B, H, T), _unflatten_state(S, B, H)  # o [B, H, T, M]
 
 
@@ -112,7 +106,7 @@ def chunked_gated_delta(q, k, v, beta, alpha, initial_state=None, output_final_s
     # cumulative log-gates within each chunk [BH, N, C]; the zero-padded tail is log(alpha = 1)
     g = None if alpha is None else _head_major_chunks(alpha.to(dtype).log(), C, dtype).cumsum(-1)
     S0 = _heads_state(initial_state, dtype)
-    o, S = apply_chunked_delta(Q, K, V, Bt, g, S0, output_final_state, _needs_backward(Q, K, V, Bt, g, S0))
+    o, S = apply_chunked_delta(Q, K, V, Bt, g, S0, output_final_state, records(Q, K, V, Bt, g, S0))
     if o is not None:
         o = _from_head_major(o, B, H, T)  # [B, H, T, M]
     return o, _unflatten_state(S, B, H)

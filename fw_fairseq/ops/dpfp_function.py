@@ -24,7 +24,7 @@ import torch
 
 from .cpu_extension import cpu_kernel
 from .guards import first_order
-from .normalize_function import PHI_EPS, norm_of
+from .normalize_function import PHI_EPS, plain_normalize
 
 _KERNEL_NORMS = {None: 0, "sum": 1, "l2": 2}  # cpu/dpfp.cpp's codes
 def dpfp_forward(x, nu, norm=None, eps=PHI_EPS):
@@ -35,7 +35,7 @@ def dpfp_forward(x, nu, norm=None, eps=PHI_EPS):
     if kernel:
         return kernel.dpfp_forward(x, nu, _KERNEL_NORMS[norm], eps)
     phi = _torch_forward(x, nu)[0]
-    return phi if norm is None else phi / norm_of(phi, norm).clamp_min(eps)
+    return phi if norm is None else plain_normalize(phi, norm, eps)
 
 
 def dpfp_scores(rows, keys, nu):

@@ -15,7 +15,8 @@ from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_lazy_step, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, orthogonal_gaussian
-from .normalize_function import PHI_EPS, NormalizeFunction, norm_of
+from .guards import records
+from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -64,11 +65,7 @@ def l2_normalize(x, eps=PHI_EPS):
 
 def _normalize(x, kind, eps):
     """x / max(norm_of(x, kind), eps) (normalize_function.py's forms)."""
-    return _eager_form(NormalizeFunction, _plain_normalize, _plain_normalize, x, kind, eps)
-
-
-def _plain_normalize(x, kind, eps):
-    return x / norm_of(x, kind).clamp_min(eps)
+    return _eager_form(NormalizeFunction, plain_normalize, plain_normalize, x, kind, eps)
 
 
 def phi_scale(x, kind, eps=PHI_EPS):
@@ -86,9 +83,16 @@ def _eager_form(function, plain, alone, x, *args):
       Function's call (about 5 us: a fifth of a decoding step's map)."""
     if torch.compiler.is_compiling():
         return plain(x, *args)
-    if torch.is_grad_enabled() and x.requires_grad:
+    if records(x):
         return function.apply(x, *args)
     return alone(x, *args)
+
+
+def _differentiable(*tensors):
+    """Whether DPFP's forward-only kernels (one-pass normalised map, cached scores and step) must give
+    way to forms autograd or torch.compile can follow: while the compiler traces, or where autograd
+    records one of the tensors."""
+    return torch.compiler.is_compiling() or records(*tensors)
 
 
 # --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
@@ -177,7 +181,7 @@ class Dpfp(FeatureMap):
         return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
 
     def normalized(self, x, is_query, kind):
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() and x.requires_grad:
+        if _differentiable(x):
             return super().normalized(x, is_query, kind)
         return dpfp_forward(x, self.nu, kind)  # no autograd: map and normalisation in one pass
 
@@ -195,12 +199,12 @@ class Dpfp(FeatureMap):
         return self(cached, is_query=False)
 
     def cached_scores(self, rows, cached):
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() and (rows.requires_grad or cached.requires_grad):
+        if _differentiable(rows, cached):
             return rows @ self.cached_features(cached).transpose(-1, -2)
         return dpfp_scores(rows, cached, self.nu)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, gather=None):
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if _differentiable(phi_q, phi_k, v, beta, cached, writes, decay):
             return None  # the step's ops, differentiable
         return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu, gather)
 

@@ -10,6 +10,7 @@ the chunked and the CUDA paths alike (fw_fairseq/ops/README.md §3).
   float32 state (a crash: "Input dtypes must be the same") or hand back a half state. Each op casts
   its inputs explicitly instead, so results under autocast equal results without it.
 - First-order only, `first_order`: the hand-written backward passes are not themselves differentiable.
+`records` says whether autograd will record an op of given tensors.
 """
 import contextlib
 import functools
@@ -25,6 +26,12 @@ _DOUBLE_BACKWARD = ("fw_fairseq.ops: the fast weight ops' hand-written backward 
 def state_dtype(dtype):
     """The dtype of the state, of the accumulation and of every result, for inputs of `dtype`."""
     return torch.float32 if dtype in _HALF_DTYPES else dtype
+
+
+def records(*tensors):
+    """Whether autograd will record an op of these tensors (None ones ignored): the one test for where
+    the ops keep tensors for a backward or take forms that have one, and where forward-only kernels may run."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
 def autocast_off(fn):

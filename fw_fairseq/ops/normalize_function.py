@@ -26,6 +26,11 @@ def norm_of(x, kind):
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True)
 
 
+def plain_normalize(x, kind, eps):
+    """x / max(norm_of(x, kind), eps) as plain ops: the formula NormalizeFunction writes out."""
+    return x / norm_of(x, kind).clamp_min(eps)
+
+
 class NormalizeFunction(torch.autograd.Function):
     """y = x / max(norm_of(x, kind), eps), x [..., E] -> y [..., E]."""
 

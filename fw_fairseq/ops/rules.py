@@ -22,7 +22,7 @@ from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .effective_writes import effective_writes
 from .fast_weight import _check_causal, _check_tensor, causal, fast_weight_read, memory
-from .guards import autocast_off, state_dtype
+from .guards import autocast_off, records, state_dtype
 from .step import step_delta, step_gated_delta, step_sum
 
 Z_EPS = 1e-6  # the guard of the z column's denominator: y = W^T phi(q) / (z . phi(q) + Z_EPS)
@@ -118,8 +118,7 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     q, k, v = (x.to(dtype) for x in (q, k, v))
     scalars = {name: x.to(dtype) for name, x in zip(scalars, scalar_list)}
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
-    recorded = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *scalar_list))
-    if Tq * T * (E + M) < (Tq + T) * E * M and (rule is SUM or not recorded):
+    if Tq * T * (E + M) < (Tq + T) * E * M and (rule is SUM or not records(q, k, v, *scalar_list)):
         dtype = state_dtype(dtype)
         scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
         return scores @ effective_writes(k.to(dtype), v.to(dtype), *(x.to(dtype) for x in scalar_list))
