@@ -67,7 +67,7 @@ def cpu_extension():
 
     ext = CppExtension(name="fw_fairseq._cpu", sources=sorted(glob.glob(os.path.join("cpu", "*.cpp"))),
                        depends=glob.glob(os.path.join("cpu", "*.h")),
-                       extra_compile_args=["-O3", "-fopenmp"], optional=True)
+                       extra_compile_args=["-O3", "-fopenmp", "-Wno-psabi"], optional=True)
     return [ext], {"build_ext": OptionalBuild}
 
 

@@ -83,7 +83,7 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
 template <typename T>
 inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T* S, int64_t R, int64_t t,
                                                        int64_t ks, int64_t d, int64_t nu) {
-  std::vector<T> r_ext(2 * d + nu);
+  std::vector<T> r_ext(fw::scores_scratch(d, nu));
   const int64_t E = 2 * d * nu;
   int64_t q = 0;
   for (; q + 2 <= R; q += 2) {

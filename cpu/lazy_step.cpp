@@ -73,7 +73,7 @@ struct Step {  // one call's tensors: rows [B H, 1, .] contiguous, caches as str
 template <typename T>
 inline __attribute__((always_inline)) void lazy_rows(const Step<T>& a, int64_t begin, int64_t end) {
   const int64_t E = 2 * a.d * a.nu;
-  std::vector<T> S(2 * a.t), r_ext(2 * a.d + a.nu), past(2 * a.M);
+  std::vector<T> S(2 * a.t), r_ext(fw::scores_scratch(a.d, a.nu)), past(2 * a.M);
   for (int64_t n = begin; n < end; ++n) {
     const int64_t b = n / a.H, h = n % a.H, source = a.order ? a.order[b] : b;
     lazy_head(a.Q + n * E, a.Kq + n * E, a.V + n * a.M, a.beta ? a.beta + n : nullptr,
