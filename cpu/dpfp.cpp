@@ -30,7 +30,9 @@ constexpr int64_t kGrain = 64;  // rows per parallel task
 
 // phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
 // kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, fused for no-grad callers
-enum Norm : int64_t { kNone = 0, kSum = 1, kL2 = 2 };
+using fw::kNone;
+using fw::kSum;
+using fw::kL2;
 
 template <typename T>
 inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,

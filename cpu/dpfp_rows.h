@@ -3,10 +3,16 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "dot.h"
+
 namespace fw {
+
+// normalisations of phi (normalize_function.py): none, its sum, its 2-norm; the Python side's codes
+enum Norm : int64_t { kNone = 0, kSum = 1, kL2 = 2 };
 
 template <typename T>
 inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T* __restrict__ r, int64_t d) {
@@ -15,6 +21,22 @@ inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T*
     r[k] = v > T(0) ? v : T(0);
     r[k + d] = v < T(0) ? -v : T(0);
   }
+}
+
+// norm_of(phi(x), norm) of one raw key x [d] (norm kSum or kL2), phi formed in r_ext [2d + nu] and summed
+template <typename T>
+inline __attribute__((always_inline)) T phi_size(const T* x, int64_t d, int64_t nu, int64_t norm, T* r_ext) {
+  const int64_t w = 2 * d;
+  relu_pair(x, r_ext + nu, d);
+  for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
+  T total = T(0);
+  for (int64_t i = 1; i <= nu; ++i) {
+    const T* __restrict__ r = r_ext + nu;
+    const T* __restrict__ rolled = r_ext + nu - i;
+    total += norm == kL2 ? lane_sum<T>(w, [&](int64_t j) { return r[j] * rolled[j] * r[j] * rolled[j]; })
+                         : lane_sum<T>(w, [&](int64_t j) { return r[j] * rolled[j]; });
+  }
+  return norm == kL2 ? std::sqrt(total) : total;
 }
 
 // 32 bytes of T (GCC/Clang vector extension): one AVX2 register, two SSE2 ones in the baseline clone
@@ -33,11 +55,52 @@ inline __attribute__((always_inline)) typename Lanes<T>::Vec load(const T* p) {
 
 // Keys scored together: each load of the rows' features serves kKeys keys, and the kRows x kKeys partial
 // sums stay in registers (8 of AVX2's 16 at two rows). One key at a time, the loads of the rows bounded
-// the loop at 53 ns a key (two rows, E = 256).
+// the loop at 53 ns a key (two rows, E = 256); four at a time it takes 34.
 constexpr int64_t kKeys = 4;
 
 // scratch that scores_rows needs, in T: kKeys rolled rows r_ext = [r[w - nu:], r], w = 2d
 inline int64_t scores_scratch(int64_t d, int64_t nu) { return kKeys * (2 * d + nu); }
+
+// scores_rows' S[q, s0 .. s0 + kBlock) from kBlock keys at K (key s at K + s ks)
+template <typename T, int kRows, int kBlock>
+inline __attribute__((always_inline)) void score_block(const T* const* Q, const T* K, T* S, int64_t t, int64_t s0,
+                                                       int64_t ks, int64_t d, int64_t nu, T* scratch) {
+  using Vec = typename Lanes<T>::Vec;
+  constexpr int64_t L = Lanes<T>::kWidth;
+  const int64_t w = 2 * d, row = w + nu, vectorised = w / L * L;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    T* r_ext = scratch + k * row;
+    relu_pair(K + (s0 + k) * ks, r_ext + nu, d);
+    for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
+  }
+  Vec acc[kRows][kBlock] = {};
+  T tail[kRows][kBlock] = {};
+  for (int64_t i = 1; i <= nu; ++i) {
+    const int64_t offset = (i - 1) * w;
+    int64_t j = 0;
+    for (; j < vectorised; j += L) {
+      Vec q[kRows];
+      for (int r = 0; r < kRows; ++r) q[r] = load(Q[r] + offset + j);
+      for (int64_t k = 0; k < kBlock; ++k) {
+        const T* r_ext = scratch + k * row;
+        const Vec p = load(r_ext + nu + j) * load(r_ext + nu - i + j);
+        for (int r = 0; r < kRows; ++r) acc[r][k] += q[r] * p;
+      }
+    }
+    for (; j < w; ++j)
+      for (int64_t k = 0; k < kBlock; ++k) {
+        const T* r_ext = scratch + k * row;
+        const T p = r_ext[nu + j] * r_ext[nu - i + j];
+        for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][offset + j] * p;
+      }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t k = 0; k < kBlock; ++k) {
+      T total = tail[r][k];
+      for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
+      S[r * t + s0 + k] = total;
+    }
+}
 
 // S [kRows, t] (row stride t) of one head: rows Q[q] (E = 2 d nu wide) against the t keys at K (key s at
 // K + s ks, d wide). Rows go in pairs (the delta rule's step reads its query and its key), sharing each
@@ -45,48 +108,9 @@ inline int64_t scores_scratch(int64_t d, int64_t nu) { return kKeys * (2 * d + n
 template <typename T, int kRows>
 inline __attribute__((always_inline)) void scores_rows(const T* const* Q, const T* K, T* S, int64_t t, int64_t ks,
                                                        int64_t d, int64_t nu, T* scratch) {
-  using Vec = typename Lanes<T>::Vec;
-  constexpr int64_t L = Lanes<T>::kWidth;
-  const int64_t w = 2 * d, row = w + nu, vectorised = w / L * L;
-  for (int64_t s0 = 0; s0 < t; s0 += kKeys) {
-    const int64_t keys = std::min(kKeys, t - s0);
-    for (int64_t k = 0; k < kKeys; ++k) {
-      T* r_ext = scratch + k * row;
-      if (k < keys) {
-        relu_pair(K + (s0 + k) * ks, r_ext + nu, d);
-        for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
-      } else {  // a short last block: zeros score 0 and are not stored (garbage could hold slow denormals)
-        std::fill(r_ext, r_ext + row, T(0));
-      }
-    }
-    Vec acc[kRows][kKeys] = {};
-    T tail[kRows][kKeys] = {};
-    for (int64_t i = 1; i <= nu; ++i) {
-      const int64_t offset = (i - 1) * w;
-      int64_t j = 0;
-      for (; j < vectorised; j += L) {
-        Vec q[kRows];
-        for (int r = 0; r < kRows; ++r) q[r] = load(Q[r] + offset + j);
-        for (int64_t k = 0; k < kKeys; ++k) {
-          const T* r_ext = scratch + k * row;
-          const Vec p = load(r_ext + nu + j) * load(r_ext + nu - i + j);
-          for (int r = 0; r < kRows; ++r) acc[r][k] += q[r] * p;
-        }
-      }
-      for (; j < w; ++j)
-        for (int64_t k = 0; k < kKeys; ++k) {
-          const T* r_ext = scratch + k * row;
-          const T p = r_ext[nu + j] * r_ext[nu - i + j];
-          for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][offset + j] * p;
-        }
-    }
-    for (int r = 0; r < kRows; ++r)
-      for (int64_t k = 0; k < keys; ++k) {
-        T total = tail[r][k];
-        for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
-        S[r * t + s0 + k] = total;
-      }
-  }
+  int64_t s0 = 0;
+  for (; s0 + kKeys <= t; s0 += kKeys) score_block<T, kRows, kKeys>(Q, K, S, t, s0, ks, d, nu, scratch);
+  for (; s0 < t; ++s0) score_block<T, kRows, 1>(Q, K, S, t, s0, ks, d, nu, scratch);  // the last t mod kKeys
 }
 
 }  // namespace fw

@@ -10,7 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dpfp_lazy_step", &dpfp_lazy_step, "a decoding step of the lazy cache of raw keys: (o, u)", py::arg("phi_q"),
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),
-        py::arg("writes_out") = py::none());
+        py::arg("writes_out") = py::none(), py::arg("key") = py::none(), py::arg("norm") = 0, py::arg("eps") = 1e-6);
   m.def("state_step", &state_step, "a decoding step of the [B', H, E, M] state, rows `order` of it, into out; returns o",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("alpha"), py::arg("state"), py::arg("order"),
         py::arg("out"));

@@ -34,14 +34,16 @@ torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, dou
 torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu);
 torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu);
 
-// lazy_step.cpp: a decoding step of the lazy cache of raw keys -> (o, u)
+// lazy_step.cpp: a decoding step of the lazy cache of raw keys -> (o, u), appending the key where given
 std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
                                                         const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
                                                         const torch::Tensor& keys, const torch::Tensor& writes,
                                                         const c10::optional<torch::Tensor>& decay, int64_t nu,
                                                         const c10::optional<torch::Tensor>& order,
                                                         const c10::optional<torch::Tensor>& keys_out,
-                                                        const c10::optional<torch::Tensor>& writes_out);
+                                                        const c10::optional<torch::Tensor>& writes_out,
+                                                        const c10::optional<torch::Tensor>& key, int64_t norm,
+                                                        double eps);
 
 // state_step.cpp: a decoding step of the fast weight state, beam search's reorder folded in
 torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -24,7 +24,7 @@ the writes into the state (`fold`) once t (C + M) passes E M (`fits`) and contin
 fixed-size step. Padded positions need no care: their value rows (with the z column) and their beta are
 zero, so u_s = 0 and they write nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], keys [B, H, t-1, C], writes [B, H, t-1, M],
-decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1], scale [B, H, 1, 1].
+decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 
 Generation (no autograd) allocates nothing per step (`append`, `reorder`): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
@@ -87,21 +87,28 @@ def _room(cache: Tensor) -> int:
     return cap if laid_out and cap >= cache.size(2) else cache.size(2)
 
 
+def _grown(cache: Tensor, positions: int) -> Tensor:
+    """Generation: cache [B, H, t, ...] -> the view of its first t + 1 positions (position t not written), in
+    its own storage when that has room, else in a new one of max(positions, 2 (t + 1)) positions."""
+    t = cache.size(2)
+    if _room(cache) <= t:
+        storage = cache.new_empty((*cache.shape[:2], max(positions, 2 * (t + 1)), *cache.shape[3:]))
+        storage[:, :, :t] = cache
+        cache = storage[:, :, :t]
+    return cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
+
+
 def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
     """cache [B, H, t, ...] (None: t = 0) with row [B, H, 1, ...] after it -> [B, H, t + 1, ...].
 
     Without autograd the row is written in place when the cache's storage has room, else into a new
-    storage of max(positions, 2 (t + 1)) positions; with autograd it is a concatenation."""
+    storage of max(positions, 2 (t + 1)) positions (`_grown`); with autograd it is a concatenation."""
     if not in_place():
         return row if cache is None else torch.cat([cache, row], dim=2)
-    t = 0 if cache is None else cache.size(2)
-    if cache is None or _room(cache) <= t:
-        storage = row.new_empty((*row.shape[:2], max(positions, 2 * (t + 1)), *row.shape[3:]))
-        if cache is not None:
-            storage[:, :, :t] = cache
-        cache = storage[:, :, :t]
-    grown = cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
-    grown[:, :, t:] = row
+    if cache is None:
+        cache = row.new_empty((*row.shape[:2], max(positions, 2), *row.shape[3:]))[:, :, :0]
+    grown = _grown(cache, positions)
+    grown[:, :, -1:] = row
     return grown
 
 
@@ -141,40 +148,55 @@ def step_state(q: Tensor, k: Tensor, v: Tensor, beta: Optional[Tensor], alpha: O
 
 def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],
               decay: Optional[Tensor], beta: Optional[Tensor] = None, alpha: Optional[Tensor] = None,
-              phi=None, key: Optional[Tensor] = None, scale: Optional[Tensor] = None,
+              phi=None, key: Optional[Tensor] = None, norm: Optional[str] = None,
               gather: Optional[Tuple[Tensor, Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """One decoding step from the past positions' keys and writes (None before the first).
 
     beta None: the sum rule (u_t = v_t, the caller's v carries the z column); beta given: the
     delta rule, gated by alpha if given. phi None: the cache keeps phi(k) itself; else the FeatureMap
-    whose rows it keeps, `key` this step's row [B, H, 1, C] and `scale` (None: 1) the factor of phi_k
-    over phi.cached_features(key). gather (generation): (order [B], keys_out, writes_out), beam search's
-    reorder left to this step: the hypotheses continue rows `order` of keys and writes [B', H, t-1, .],
-    gathered into the outs (their views in spare storages) while the step reads them where the map's
-    fused step can (FeatureMap.cached_step), else first; decay is already in the hypotheses' order.
+    whose rows it keeps, `key` this step's row [B, H, 1, C], and `norm` (None: none) the normalisation that
+    makes phi_k of phi.cached_features(key): the cache keeps the write u times its factor. gather
+    (generation): (order [B], keys_out, writes_out), beam search's reorder left to this step: the
+    hypotheses continue rows `order` of keys and writes [B', H, t-1, .], gathered into the outs (their views
+    in spare storages) while the step reads them where the map has a fused step (FeatureMap.cached_step),
+    else first; decay is already in the hypotheses' order.
     Returns (o [B, H, 1, M], keys [B, H, t, C], writes [B, H, t, M], decay [B, H, t] for the gated rule
     else None)."""
     if decay is not None and alpha is not None:
         # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
         decay = decay.mul_(alpha) if in_place() else decay * alpha
-    fused = None if writes is None or phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay,
-                                                                         gather)
-    if gather is not None:
-        order, keys_out, writes_out = gather
-        if fused is None:  # no fused step to gather the rows as it reads them
-            torch.index_select(keys, 0, order, out=keys_out)
-            torch.index_select(writes, 0, order, out=writes_out)
-        keys, writes = keys_out, writes_out
-    o, u = _read(phi_q, phi_k, v, keys, writes, decay, beta, phi) if fused is None else fused
     key = phi_k if key is None else key
-    positions = capacity(phi_k.size(-1), u.size(-1), key.size(-1))  # folded before it outgrows this
-    keys = append(keys, key, positions)  # [B, H, t, C]
-    writes = append(writes, u if scale is None else u * scale, positions)  # [B, H, t, M]
+    positions = capacity(phi_k.size(-1), v.size(-1), key.size(-1))  # folded before it outgrows this
+    if writes is None or not in_place():  # the first position, or autograd: concatenations
+        o, u = _read(phi_q, phi_k, v, keys, writes, decay, beta, phi)
+        keys, writes = append(keys, key, positions), append(writes, _scaled(u, phi, key, phi_k, norm), positions)
+    else:  # generation: the step's rows go into views of t positions, in place or in the spares
+        order, keys_out, writes_out = gather or (None, keys, writes)
+        outs = _grown(keys_out, positions), _grown(writes_out, positions)  # [B, H, t, .], position t unwritten
+        # the map's fused step reads the cache and appends this position's row in one call
+        fused = None if phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs,
+                                                          key, norm)
+        if fused is None:
+            past = tuple(x[:, :, :-1] for x in outs)  # [B, H, t-1, .]
+            if gather is not None:  # no fused step to gather the rows as it reads them
+                for cache, out in zip((keys, writes), past):
+                    torch.index_select(cache, 0, order, out=out)
+            o, u = _read(phi_q, phi_k, v, *past, decay, beta, phi)
+            outs[0][:, :, -1:] = key
+            outs[1][:, :, -1:] = _scaled(u, phi, key, phi_k, norm)
+        else:
+            o = fused[0]
+        keys, writes = outs
     if alpha is not None:
         # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
         decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
                        positions)[..., 0]
     return o, keys, writes, decay
+
+
+def _scaled(u: Tensor, phi, key: Tensor, phi_k: Tensor, norm: Optional[str]) -> Tensor:
+    """The write u [B, H, 1, M] as the cache keeps it: times phi_k's factor over phi.cached_features(key)."""
+    return u if key is phi_k or norm is None else u * phi_scale(phi.cached_features(key), norm)  # [B, H, 1, 1]
 
 
 def _read(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], writes: Optional[Tensor],
@@ -222,8 +244,6 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     order = buffer.pop(ORDER, None)  # a reorder left for this step (generation)
     if phi_q.size(2) == 1 and fits(length, phi_q.size(-1), v.size(-1), phi.cache_width) and "state" not in buffer:
         key = phi.cache_row(keys, phi_k)  # [B, H, 1, C]
-        # phi_k = scale phi(key) where the cache keeps a key whose features are not normalised
-        scale = None if key is phi_k or norm is None else phi_scale(phi.cached_features(key), norm)
         gather = None
         if order is not None:
             if buffer.get("decay") is not None:  # t values a head, scaled before the step reads them
@@ -233,7 +253,7 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
                                for name in ("keys", "writes")))
         before = past, buffer.get("writes")
         o, buffer["keys"], buffer["writes"], decay = lazy_step(
-            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, scale=scale,
+            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, norm=norm,
             gather=gather)
         if gather is not None:  # the storages read are the next reorder's spares
             buffer[spare_name("keys")], buffer[spare_name("writes")] = before

@@ -47,15 +47,19 @@ def dpfp_scores(rows, keys, nu):
     return rows @ dpfp_forward(keys, nu).transpose(-1, -2)
 
 
-def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, gather=None):
+def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order=None, outs=None, key=None, norm=None,
+                   eps=PHI_EPS):
     """A decoding step over a cache of raw keys (decoder_state.lazy_step) on the CPU kernel, which scores
     and reads the cache in one pass: (o, u), each [B, H, 1, M]; None where the kernel does not take them.
-    gather (order, keys_out, writes_out): the hypotheses read rows `order` of the caches, which the kernel
-    copies into keys_out and writes_out as it reads them (beam search's reorder, left to this step)."""
+    order: the hypotheses read rows `order` of the caches (beam search's reorder, left to this step).
+    outs (keys_out, writes_out): views that receive the rows read, copied unless they are the caches' own
+    memory; with key [B, H, 1, d] they hold t + 1 positions and the kernel appends the key and the write
+    u / max(norm_of(phi(key), norm), eps) (norm None: u) at position t."""
     kernel = cpu_kernel(keys)
     if not kernel:
         return None
-    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, *(gather or ()))
+    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order, *(outs or (None, None)),
+                                 key, _KERNEL_NORMS[norm], eps)
 
 
 def _torch_forward(x, nu):

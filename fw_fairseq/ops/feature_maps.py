@@ -144,10 +144,11 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
-    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, gather=None):
-        """A fused form of a decoding step over the cache (decoder_state.lazy_step's (o, u)), or None where
-        the map has none: the step's PyTorch ops run. gather (order, keys_out, writes_out): the step reads
-        rows `order` of the cache and copies them into the outs (dpfp_function.dpfp_lazy_step)."""
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
+        """A fused form of generation's decoding step over the cache (decoder_state.lazy_step's (o, u)), or None
+        where the map has none: the step's PyTorch ops run. The step reads rows `order` (None: all in place)
+        of the cache, and fills outs (cached_out, writes_out), views of t + 1 positions: the rows read, then
+        the row `key` and the write u scaled by the key's `norm` (dpfp_function.dpfp_lazy_step)."""
         return None
 
 
@@ -203,10 +204,8 @@ class Dpfp(FeatureMap):
             return rows @ self.cached_features(cached).transpose(-1, -2)
         return dpfp_scores(rows, cached, self.nu)
 
-    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, gather=None):
-        if _differentiable(phi_q, phi_k, v, beta, cached, writes, decay):
-            return None  # the step's ops, differentiable
-        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu, gather)
+    def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
+        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu, order, outs, key, norm)
 
 
 class FavorPlus(FeatureMap):

@@ -119,8 +119,9 @@ def test_fits_compares_the_values_read_with_the_state():
     assert fits(32, 64, 65) and not fits(33, 64, 65)
 
 
+@pytest.mark.parametrize("norm", ["sum", "l2"])
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
-def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
+def test_raw_key_cache_matches_the_feature_cache(rule, norm, cpu_form):
     """A cache of DPFP's raw keys, the writes scaled by the keys' normalisation, steps like the cache of
     the normalised features themselves: outputs and folded state (float64, in place, with a reorder,
     which the raw-key cache leaves to the step: `gather`)."""
@@ -131,7 +132,7 @@ def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
     raw = torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64)  # [B, H, T, d]
     raw[1, 0, 2] = 0  # phi = 0: clamped, written as nothing
     features = phi(raw, is_query=False)
-    scale = phi_scale(features, "l2")  # [B, H, T, 1]
+    scale = phi_scale(features, norm)  # [B, H, T, 1]
     k = features * scale
     q = phi(torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64), is_query=True)
     v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64)
@@ -154,7 +155,7 @@ def test_raw_key_cache_matches_the_feature_cache(rule, cpu_form):
                 scalars = tuple(None if x is None else x[order] for x in scalars)
             step = [None if x is None else x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
             o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=raw[:, :, t: t + 1],
-                                 scale=scale[:, :, t: t + 1], gather=gather)
+                                 norm=norm, gather=gather)
             gather = None
             o_ref, *ref = lazy_step(*step[:3], *ref, *step[3:])
             torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
