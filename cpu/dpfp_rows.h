@@ -1,5 +1,6 @@
 // DPFP's per-row pieces shared by dpfp.cpp and lazy_step.cpp: r = [relu(x), relu(-x)] and the scores of
-// rows against phi of raw keys, phi formed a few keys at a time and never stored.
+// rows against phi of raw keys, phi formed a few keys at a time and never stored; and the scores against a
+// cache of features (the other maps' lazy step).
 #pragma once
 
 #include <algorithm>
@@ -100,6 +101,44 @@ inline __attribute__((always_inline)) void score_block(const T* const* Q, const 
       for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
       S[r * t + s0 + k] = total;
     }
+}
+
+// S [kRows, t] of one head for a cache of the features themselves (ELU+1, FAVOR+): rows Q[q] . K_s, E wide,
+// kKeys keys per load of the rows as above
+template <typename T, int kRows, int kBlock>
+inline __attribute__((always_inline)) void feature_block(const T* const* Q, const T* K, T* S, int64_t t, int64_t s0,
+                                                         int64_t ks, int64_t E) {
+  using Vec = typename Lanes<T>::Vec;
+  constexpr int64_t L = Lanes<T>::kWidth;
+  const int64_t vectorised = E / L * L;
+  Vec acc[kRows][kBlock] = {};
+  T tail[kRows][kBlock] = {};
+  int64_t j = 0;
+  for (; j < vectorised; j += L) {
+    Vec q[kRows];
+    for (int r = 0; r < kRows; ++r) q[r] = load(Q[r] + j);
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const Vec p = load(K + (s0 + k) * ks + j);
+      for (int r = 0; r < kRows; ++r) acc[r][k] += q[r] * p;
+    }
+  }
+  for (; j < E; ++j)
+    for (int64_t k = 0; k < kBlock; ++k)
+      for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][j] * K[(s0 + k) * ks + j];
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t k = 0; k < kBlock; ++k) {
+      T total = tail[r][k];
+      for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
+      S[r * t + s0 + k] = total;
+    }
+}
+
+template <typename T, int kRows>
+inline __attribute__((always_inline)) void feature_scores(const T* const* Q, const T* K, T* S, int64_t t, int64_t ks,
+                                                          int64_t E) {
+  int64_t s0 = 0;
+  for (; s0 + kKeys <= t; s0 += kKeys) feature_block<T, kRows, kKeys>(Q, K, S, t, s0, ks, E);
+  for (; s0 < t; ++s0) feature_block<T, kRows, 1>(Q, K, S, t, s0, ks, E);
 }
 
 // S [kRows, t] (row stride t) of one head: rows Q[q] (E = 2 d nu wide) against the t keys at K (key s at

@@ -7,7 +7,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps") = 1e-6);
   m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output");
   m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
-  m.def("dpfp_lazy_step", &dpfp_lazy_step, "a decoding step of the lazy cache of raw keys: (o, u)", py::arg("phi_q"),
+  m.def("lazy_step", &lazy_step, "a decoding step of the lazy cache, of DPFP-nu's raw keys or (nu 0) of features: (o, u)", py::arg("phi_q"),
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),
         py::arg("writes_out") = py::none(), py::arg("key") = py::none(), py::arg("norm") = 0, py::arg("eps") = 1e-6);

@@ -34,8 +34,9 @@ torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, dou
 torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu);
 torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu);
 
-// lazy_step.cpp: a decoding step of the lazy cache of raw keys -> (o, u), appending the key where given
-std::tuple<torch::Tensor, torch::Tensor> dpfp_lazy_step(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
+// lazy_step.cpp: a decoding step of the lazy cache (DPFP-nu's raw keys, or nu 0: the features themselves) ->
+// (o, u), appending the key where given
+std::tuple<torch::Tensor, torch::Tensor> lazy_step(const torch::Tensor& phi_q, const torch::Tensor& phi_k,
                                                         const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
                                                         const torch::Tensor& keys, const torch::Tensor& writes,
                                                         const c10::optional<torch::Tensor>& decay, int64_t nu,

@@ -17,6 +17,7 @@ What the attention computes comes from two places of fw_fairseq.ops, never decid
 Padding: a padded position's value row (with the z column) is zeroed, and each scalar takes the
 record's pad value there (beta = 0, alpha = 1): it writes nothing and decays nothing.
 """
+from contextlib import nullcontext
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
@@ -49,6 +50,12 @@ class Writes(NamedTuple):
     v: Tensor  # [B, H, S, D], or [B, H, S, D + 1] with the rule's z column
     scalars: Tuple[Tensor, ...]  # one [B, H, S] per scalar of the rule, in its ops' argument order
     keys: Tensor  # [B, H, S, D]: the keys phi_k was computed from
+
+
+def _without_autocast(device_type: str):
+    """A context that switches autocast off where it is on; nothing where it is off (generation's usual case:
+    entering and leaving an autocast context costs a decoding step's attention call several microseconds)."""
+    return torch.autocast(device_type=device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
 
 
 @with_incremental_state
@@ -193,7 +200,7 @@ class FastWeightAttention(nn.Module):
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
         dtype = torch.float32 if q.dtype in _HALF else q.dtype
-        with torch.autocast(device_type=query.device.type, enabled=False):
+        with _without_autocast(query.device.type):
             phi_q = self._features(self._heads(q, dtype), is_query=True)  # [B, H, T, E]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
             if cached:

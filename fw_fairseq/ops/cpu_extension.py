@@ -7,6 +7,7 @@ tensors (not on the CPU, or neither float32 nor float64).
 import torch
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
+KERNEL_NORMS = {None: 0, "sum": 1, "l2": 2}  # the normalisations of phi as the kernels take them (fw::Norm)
 _cpu = None  # fw_fairseq._cpu once imported, False where it is not built
 
 

@@ -22,18 +22,17 @@ saved. Where it was not built (no compiler at install time), the PyTorch form ab
 """
 import torch
 
-from .cpu_extension import cpu_kernel
+from .cpu_extension import KERNEL_NORMS, cpu_kernel
 from .guards import first_order
 from .normalize_function import PHI_EPS, plain_normalize
 
-_KERNEL_NORMS = {None: 0, "sum": 1, "l2": 2}  # cpu/dpfp.cpp's codes
 def dpfp_forward(x, nu, norm=None, eps=PHI_EPS):
     """DPFP-nu of x [..., d] without autograd -> phi [..., 2 d nu]: the eager form when nothing is
     recorded (generation, validation). norm "sum" or "l2": phi / max(its norm, eps) (normalize_function's
     maths), which the CPU kernel does in the same pass instead of three more over the output."""
     kernel = cpu_kernel(x)
     if kernel:
-        return kernel.dpfp_forward(x, nu, _KERNEL_NORMS[norm], eps)
+        return kernel.dpfp_forward(x, nu, KERNEL_NORMS[norm], eps)
     phi = _torch_forward(x, nu)[0]
     return phi if norm is None else plain_normalize(phi, norm, eps)
 
@@ -45,21 +44,6 @@ def dpfp_scores(rows, keys, nu):
     if kernel and rows.dtype == keys.dtype:
         return kernel.dpfp_scores(rows, keys, nu)
     return rows @ dpfp_forward(keys, nu).transpose(-1, -2)
-
-
-def dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order=None, outs=None, key=None, norm=None,
-                   eps=PHI_EPS):
-    """A decoding step over a cache of raw keys (decoder_state.lazy_step) on the CPU kernel, which scores
-    and reads the cache in one pass: (o, u), each [B, H, 1, M]; None where the kernel does not take them.
-    order: the hypotheses read rows `order` of the caches (beam search's reorder, left to this step).
-    outs (keys_out, writes_out): views that receive the rows read, copied unless they are the caches' own
-    memory; with key [B, H, 1, d] they hold t + 1 positions and the kernel appends the key and the write
-    u / max(norm_of(phi(key), norm), eps) (norm None: u) at position t."""
-    kernel = cpu_kernel(keys)
-    if not kernel:
-        return None
-    return kernel.dpfp_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order, *(outs or (None, None)),
-                                 key, _KERNEL_NORMS[norm], eps)
 
 
 def _torch_forward(x, nu):

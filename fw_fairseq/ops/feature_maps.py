@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_lazy_step, dpfp_scores
+from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, orthogonal_gaussian
 from .guards import records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
+from .step import fused_lazy_step
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -145,11 +146,12 @@ class FeatureMap(nn.Module, abc.ABC):
         return rows @ cached.transpose(-1, -2)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
-        """A fused form of generation's decoding step over the cache (decoder_state.lazy_step's (o, u)), or None
-        where the map has none: the step's PyTorch ops run. The step reads rows `order` (None: all in place)
-        of the cache, and fills outs (cached_out, writes_out), views of t + 1 positions: the rows read, then
-        the row `key` and the write u scaled by the key's `norm` (dpfp_function.dpfp_lazy_step)."""
-        return None
+        """Generation's decoding step over the cache (decoder_state.lazy_step's (o, u)) in one kernel call, or
+        None where there is no kernel: the step's PyTorch ops run. The step reads rows `order` (None: all in
+        place) of the cache, and fills outs (cached_out, writes_out), views of t positions: the rows read, then
+        the row `key` and the write u scaled by the key's `norm` (step.fused_lazy_step). By default the cache
+        keeps the features themselves: key is phi_k, and the write goes in unscaled."""
+        return fused_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key)
 
 
 class EluPlusOne(FeatureMap):
@@ -205,7 +207,7 @@ class Dpfp(FeatureMap):
         return dpfp_scores(rows, cached, self.nu)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
-        return dpfp_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, self.nu, order, outs, key, norm)
+        return fused_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, self.nu, norm)
 
 
 class FavorPlus(FeatureMap):

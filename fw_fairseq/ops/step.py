@@ -7,8 +7,9 @@ Computed and returned in guards.state_dtype (float32 for fp16/bf16 inputs).
 """
 import torch
 
-from .cpu_extension import cpu_kernel
+from .cpu_extension import KERNEL_NORMS, cpu_kernel
 from .guards import state_dtype
+from .normalize_function import PHI_EPS
 
 
 def _add_outer(S0, k, u):
@@ -78,3 +79,17 @@ def step_in_place(q, k, v, beta, alpha, state, order=None, out=None):
     # [B, H, E, M] viewed as [B H, E, M] += [B H, E, 1] @ [B H, 1, M]
     out.view(B * H, E, M).baddbmm_(k.reshape(B * H, 1, E).transpose(1, 2), u.reshape(B * H, 1, M))
     return o
+
+
+def fused_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs, key, nu=0, norm=None, eps=PHI_EPS):
+    """Generation's step over a lazy cache (decoder_state.lazy_step) on the CPU kernel (cpu/lazy_step.cpp),
+    which scores and reads the cache in one pass and appends the step's row: (o, u), each [B, H, 1, M]; None
+    where the kernel does not take the tensors. keys [B', H, t-1, C]: DPFP-nu's raw keys (C = d), or with
+    nu 0 the features themselves (C = E); writes [B', H, t-1, M]. order [B] or None: the hypotheses read
+    rows `order` of the caches (beam search's reorder, left to this step). outs (keys_out, writes_out),
+    views of t positions: the rows read (copied unless they are the caches' own memory), then at position
+    t-1 the row `key` [B, H, 1, C] and the write u / max(norm_of(phi(key), norm), eps) (norm None: u)."""
+    kernel = cpu_kernel(keys)
+    if not kernel:
+        return None
+    return kernel.lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order, *outs, key, KERNEL_NORMS[norm], eps)

@@ -121,20 +121,23 @@ def test_fits_compares_the_values_read_with_the_state():
 
 @pytest.mark.parametrize("norm", ["sum", "l2"])
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
-def test_raw_key_cache_matches_the_feature_cache(rule, norm, cpu_form):
-    """A cache of DPFP's raw keys, the writes scaled by the keys' normalisation, steps like the cache of
-    the normalised features themselves: outputs and folded state (float64, in place, with a reorder,
-    which the raw-key cache leaves to the step: `gather`)."""
+@pytest.mark.parametrize("name,d", [("dpfp", 3), ("elu", 10)])
+def test_the_maps_cache_matches_the_feature_cache(name, d, rule, norm, cpu_form):
+    """A map's lazy cache in generation, stepped by its kernel (FeatureMap.cached_step) or in PyTorch ops,
+    steps like the cache of the normalised features read by plain ops (phi None): outputs and folded state
+    (float64, in place, with a reorder, which the map's cache leaves to the step: `gather`). DPFP keeps the
+    raw keys with the writes scaled by the keys' normalisation; ELU+1 keeps the features (E = 10: a vector
+    of lanes and a tail)."""
     from fw_fairseq.ops import feature_map, phi_scale
 
-    phi = feature_map("dpfp", 3, nu=2)
+    phi = feature_map(name, d, nu=2)
     g = torch.Generator().manual_seed(7)
-    raw = torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64)  # [B, H, T, d]
-    raw[1, 0, 2] = 0  # phi = 0: clamped, written as nothing
+    raw = torch.randn(3, 2, 6, d, generator=g, dtype=torch.float64)  # [B, H, T, d]
+    raw[1, 0, 2] = 0  # DPFP: phi = 0, clamped by the normalisation, written as nothing
     features = phi(raw, is_query=False)
     scale = phi_scale(features, norm)  # [B, H, T, 1]
     k = features * scale
-    q = phi(torch.randn(3, 2, 6, 3, generator=g, dtype=torch.float64), is_query=True)
+    q = phi(torch.randn(3, 2, 6, d, generator=g, dtype=torch.float64), is_query=True)
     v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64)
     beta, alpha = (torch.rand(3, 2, 6, generator=g, dtype=torch.float64) for _ in range(2))
     scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
@@ -154,8 +157,8 @@ def test_raw_key_cache_matches_the_feature_cache(rule, norm, cpu_form):
                 q, k, v, raw, scale, *_ = (x[order] for x in (q, k, v, raw, scale))
                 scalars = tuple(None if x is None else x[order] for x in scalars)
             step = [None if x is None else x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
-            o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=raw[:, :, t: t + 1],
-                                 norm=norm, gather=gather)
+            key = raw[:, :, t: t + 1] if name == "dpfp" else None  # [B, H, 1, d]; None: phi_k itself
+            o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=key, norm=norm, gather=gather)
             gather = None
             o_ref, *ref = lazy_step(*step[:3], *ref, *step[3:])
             torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
