@@ -15,10 +15,11 @@ states) and the result as a fraction of that floor at the machine's measured cop
 Peak memory is the generate process's maximum resident set size (os.wait4), which includes
 the Python/fairseq baseline that all models share.
 
-Cells of up to 128 tokens run --repeats times, the models taking turns (a change in the machine's
-load falls on all of them), and keep each model's fastest; longer ones run once.
+Cells of up to 128 tokens translate --batches batches of --sentences sentences per run and run --repeats
+times, the models taking turns (a change in the machine's load falls on all of them), and keep each model's
+fastest; longer ones translate one batch, once.
 
-    python benchmarks/bench_decoding_cpu.py [--lengths 16 64 1024] [--beams 1 4] [--repeats 3] [--note TEXT]
+    python benchmarks/bench_decoding_cpu.py [--lengths 16 64 1024] [--beams 1 4] [--repeats 3] [--batches 4] [--note TEXT]
 """
 import argparse
 import json
@@ -58,15 +59,17 @@ def run(args, **kwargs):
     return out, usage.ru_maxrss / 1024  # Linux reports KiB
 
 
-def make_data(root: Path, sentences: int):
+def make_data(root: Path, sentences: int, batches: int):
+    """Test splits of `sentences` (test: one batch) and of `batches` batches of them (test1)."""
     rng = random.Random(0)
     words = [f"w{i}" for i in range(200)]
-    for split, n in [("train", 64), ("valid", 8), ("test", sentences)]:
+    for split, n in [("train", 64), ("valid", 8), ("test", sentences), ("test1", sentences * batches)]:
         lines = [" ".join(rng.choices(words, k=12)) for _ in range(n)]
         for lang in ("en", "de"):
             (root / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines))
     run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-         "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
+         "--trainpref", root / "train", "--validpref", root / "valid",
+         "--testpref", f"{root / 'test'},{root / 'test1'}",
          "--destdir", root / "bin", "--joined-dictionary", "--workers", "1"])
 
 
@@ -78,9 +81,9 @@ def train(root: Path, name: str, arch: str, fw):
     return save / "checkpoint_last.pt"
 
 
-def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int):
+def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int, subset: str):
     out, peak_mib = run([BIN / "fairseq-generate", root / "bin", "--user-dir", REPO / "fw_fairseq",
-                         "--path", checkpoint, "--gen-subset", "test", "--beam", beam,
+                         "--path", checkpoint, "--gen-subset", subset, "--beam", beam,
                          "--batch-size", batch, "--required-batch-size-multiple", "1",
                          "--min-len", length, "--max-len-a", "0", "--max-len-b", length,
                          "--quiet"])
@@ -99,7 +102,11 @@ def main():
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024])
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--arch", default="transformer_fw")
-    parser.add_argument("--sentences", type=int, default=4)
+    parser.add_argument("--sentences", type=int, default=4, help="sentences per batch")
+    parser.add_argument("--batches", type=int, default=4,
+                        help="batches each run of a cell of up to 128 tokens translates (longer cells: one): "
+                             "one batch of those lasts 0.1-4 s, and with one the ratios of a cell moved by "
+                             "up to 0.1 between runs")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of every fairseq run (OMP_NUM_THREADS). 1 by default: on a "
                              "CPU shared with other jobs, 2 spinning OpenMP threads ran fairseq-generate "
@@ -117,16 +124,18 @@ def main():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        make_data(root, args.sentences)
+        make_data(root, args.sentences, args.batches)
         checkpoints = {name: train(root, name, args.arch, fw) for name, fw in MODELS.items()}
         model_shapes = {name: shapes(checkpoint) for name, checkpoint in checkpoints.items()}
         for beam in args.beams:
             for length in args.lengths:
                 row = {"beam": beam, "length": length}
                 runs = {name: [] for name in checkpoints}
-                for _ in range(args.repeats if length <= 128 else 1):
+                short = length <= 128
+                for _ in range(args.repeats if short else 1):
                     for name, checkpoint in checkpoints.items():  # taking turns: a change of load hits all
-                        runs[name].append(generate(root, checkpoint, length, beam, args.sentences))
+                        runs[name].append(generate(root, checkpoint, length, beam, args.sentences,
+                                                   "test1" if short else "test"))
                 for name in checkpoints:
                     r = min(runs[name], key=lambda run: run["seconds"])
                     floor = bytes_per_token(model_shapes[name], length, args.sentences, beam, SOURCE_LENGTH)
@@ -143,6 +152,7 @@ def main():
                 results.append(row)
 
     meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "sentences": args.sentences,
+            "batches_up_to_128_tokens": args.batches,
             "source_length": SOURCE_LENGTH, "models": MODELS, "machine": platform.processor() or "cpu",
             "machine_note": args.note, "repeats_up_to_128_tokens": args.repeats, "cpu_count": os.cpu_count(),
             "threads": args.threads, "torch": torch.__version__,

@@ -83,7 +83,9 @@ def markdown(meta: dict, rows: list, configs: list) -> str:
              f"{meta['sentences']} sentences of {meta['source_length']} tokens, copy bandwidth "
              f"{meta['copy_bandwidth_gb_s']:.1f} GB/s"
              + (f", cells up to 128 tokens the fastest of {meta['repeats_up_to_128_tokens']} runs"
-                if "repeats_up_to_128_tokens" in meta else "") + ". Each cell: tokens/s (x softmax), "
+                if "repeats_up_to_128_tokens" in meta else "")
+             + (f" of {meta['batches_up_to_128_tokens']} batches each" if "batches_up_to_128_tokens" in meta else "")
+             + ". Each cell: tokens/s (x softmax), "
              f"fraction of its own bytes floor, MB moved per token by the floor, peak RSS MiB.", "",
              "| beam | N | " + " | ".join(configs) + " |",
              "|---:|---:|" + "---:|" * len(configs)]

@@ -26,12 +26,13 @@ zero, so u_s = 0 and they write nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], keys [B, H, t-1, C], writes [B, H, t-1, M],
 decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 
-Generation (no autograd) allocates nothing per step (`append`, `reorder`): the cached tensors are
+Generation (no autograd) allocates nothing per step (`_grown`, `reorder`): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
-instead of copying the cache (a fresh [B H, t, C + M] tensor per step, which the CPU's allocator also
+(the map's kernel writes it as it reads the cache: FeatureMap.cached_step) instead of copying the cache (a fresh [B H, t, C + M] tensor per step, which the CPU's allocator also
 faults in page by page); a beam reorder gathers into a spare storage kept beside each tensor and the
 two swap. The state's reorder waits for the next step (ORDER), which gathers the rows while it reads
-them (`step_state`): one pass over the states instead of a copy and then the step. With autograd (teacher-forced tests of the gradients) the same functions concatenate.
+them (`step_state`): one pass over the states instead of a copy and then the step. With autograd
+(teacher-forced tests of the gradients) the same functions concatenate.
 """
 import math
 from typing import Optional, Tuple
