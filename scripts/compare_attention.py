@@ -49,6 +49,8 @@ CONFIGS = {
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                     "--fw-delta-norm", "l2"]),
     "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum"]),
+    # FAVOR+ with the random features drawn once, not every training forward (the paper)
+    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never"]),
     # the wider DPFP of configs/wmt14_en_de/dpfp_nu4{,_delta}.sh (d_dot 512)
     "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum"]),
     "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",

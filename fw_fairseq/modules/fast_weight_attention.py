@@ -92,8 +92,8 @@ class FastWeightAttention(nn.Module):
             self.add_module(f"{name}_proj", nn.Linear(self.kdim, num_heads))
         # Registered under its flag's name: FAVOR+'s R keeps the state-dict key `favor.projection`
         # that checkpoints, --store-ema and scripts/average_checkpoints.py know.
-        self.add_module(self.feature_map, feature_map(self.feature_map, self.head_dim,
-                                                      nu=config.dpfp_nu, m=config.favor_features))
+        self.add_module(self.feature_map, feature_map(self.feature_map, self.head_dim, nu=config.dpfp_nu,
+                                                      m=config.favor_features, fixed=config.favor_redraw == "never"))
         self.reset_parameters()
 
     @property

@@ -12,6 +12,7 @@ UPDATE_RULES = tuple(RULES)
 PLACES = ("encoder", "decoder", "cross")
 DELTA_NORMS = tuple(PHI_NORMS)
 BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
+FAVOR_REDRAWS = ("batch", "never")  # --fw-favor-redraw: a new R every training forward (the paper), or never
 # The gate's bias starts at 5: alpha = sigmoid(5) = 0.993, so training starts near the delta rule.
 GATE_BIAS_INIT = 5.0
 
@@ -117,6 +118,9 @@ def add_fast_weight_args(parser):
                        help="DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)")
     group.add_argument("--fw-favor-features", type=positive_int("--fw-favor-features"),
                        metavar="M", help="FAVOR+ random features m (d_dot = 2m)")
+    group.add_argument("--fw-favor-redraw", choices=FAVOR_REDRAWS,
+                       help="FAVOR+'s random features in training: batch draws new ones every forward (the "
+                            "paper, the default), never keeps those drawn at initialisation; eval never redraws")
     group.add_argument("--fw-attention", type=parse_places, metavar="LIST",
                        help="which attention blocks use fast weights: 'all', 'none' (the standard "
                             "Transformer) or a comma-separated subset of encoder,decoder,cross; "
@@ -144,6 +148,7 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
     args.fw_update_rule = getattr(args, "fw_update_rule", None) or update_rule
     args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or dpfp_nu
     args.fw_favor_features = getattr(args, "fw_favor_features", None) or favor_features
+    args.fw_favor_redraw = getattr(args, "fw_favor_redraw", None) or "batch"
     args.fw_delta_beta_max = getattr(args, "fw_delta_beta_max", None) or beta_max
     if getattr(args, "fw_attention", None) is None:
         args.fw_attention = parse_places(places)
@@ -181,6 +186,7 @@ class FastWeightConfig:
     block_rules: Tuple[Tuple[str, str], ...] = ()
     delta_norm: str = "sum"
     beta_bias: float = 0.0
+    favor_redraw: str = "batch"
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
@@ -192,7 +198,8 @@ class FastWeightConfig:
                      int(args.fw_favor_features), places_set(args.fw_attention),
                      int(getattr(args, "fw_delta_beta_max", None) or 1), block_rules,
                      getattr(args, "fw_delta_norm", None) or "sum",
-                     float(getattr(args, "fw_beta_bias", None) or 0.0))
+                     float(getattr(args, "fw_beta_bias", None) or 0.0),
+                     getattr(args, "fw_favor_redraw", None) or "batch")
         config.check()
         return config
 
@@ -207,6 +214,8 @@ class FastWeightConfig:
             raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
         if self.delta_norm not in DELTA_NORMS:
             raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
+        if self.favor_redraw not in FAVOR_REDRAWS:
+            raise ValueError(f"--fw-favor-redraw got {self.favor_redraw!r}; allowed: {FAVOR_REDRAWS}")
 
     def uses(self, place: str) -> bool:
         return place in self.places

@@ -218,25 +218,25 @@ class FavorPlus(FeatureMap):
 
     Redraw policy: `forward` never redraws. Queries and keys of one layer must see the same R within
     one forward (otherwise phi(q).phi(k) estimates nothing), so the owning attention module calls
-    `redraw()` once per training forward, before mapping q and k; in eval R stays fixed. R is a
-    persistent buffer `projection` [m, head_dim] so a checkpoint reproduces decoding.
+    `redraw()` once per training forward, before mapping q and k (the paper's new R per mini-batch);
+    in eval R stays fixed. With `fixed`, redraw() keeps the R drawn at construction (--fw-favor-redraw
+    never). R is a persistent buffer `projection` [m, head_dim] so a checkpoint reproduces decoding.
 
     dtype: computed in float32 for fp16/bf16 inputs (exp overflows fp16) and returned as float32;
     float32/float64 inputs are computed and returned in their own dtype.
     """
 
-    def __init__(self, head_dim, num_features):
+    def __init__(self, head_dim, num_features, fixed=False):
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
             raise ValueError(f"FavorPlus: head_dim={head_dim!r} is not allowed; it must be an int >= 1")
         super().__init__(head_dim)
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
             raise ValueError(f"FavorPlus: num_features={num_features!r} is not allowed; it must be an int >= 1")
-        self.head_dim = head_dim
-        self.num_features = num_features
+        self.head_dim, self.num_features, self.fixed = head_dim, num_features, bool(fixed)
         self.register_buffer("projection", orthogonal_gaussian(num_features, head_dim, None, torch.float32))
 
     def extra_repr(self):
-        return f"head_dim={self.head_dim}, num_features={self.num_features}"
+        return f"head_dim={self.head_dim}, num_features={self.num_features}, fixed={self.fixed}"
 
     @property
     def out_dim(self):
@@ -244,7 +244,9 @@ class FavorPlus(FeatureMap):
 
     @torch.no_grad()
     def redraw(self):
-        """Draw a fresh R in place (same device and dtype as the current buffer)."""
+        """Draw a fresh R in place (same device and dtype as the current buffer), unless `fixed`."""
+        if self.fixed:
+            return
         p = self.projection
         p.copy_(orthogonal_gaussian(self.num_features, self.head_dim, p.device, p.dtype))
 
@@ -279,13 +281,13 @@ def favor_plus(x, projection, is_query):
 FEATURE_MAPS = ("elu", "dpfp", "favor")
 
 
-def feature_map(name, d_key, nu=None, m=None):
-    """The FeatureMap `name` (one of FEATURE_MAPS) for d_key-wide heads: nu is DPFP's, m FAVOR+'s number
-    of random features (E = 2m); each is checked by its map and ignored by the others."""
+def feature_map(name, d_key, nu=None, m=None, fixed=False):
+    """The FeatureMap `name` (one of FEATURE_MAPS) for d_key-wide heads: nu is DPFP's, m and fixed FAVOR+'s
+    number of random features (E = 2m) and redraw policy; each is checked by its map, ignored by the others."""
     if name == "elu":
         return EluPlusOne(d_key)
     if name == "dpfp":
         return Dpfp(d_key, nu)
     if name == "favor":
-        return FavorPlus(d_key, m)
+        return FavorPlus(d_key, m, fixed)
     raise ValueError(f"feature_map: name={name!r} is not allowed; allowed: {FEATURE_MAPS}")

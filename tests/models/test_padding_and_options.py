@@ -48,6 +48,7 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-cross-rule", "", "allowed: sum, delta, gated_delta"),
     ("--fw-delta-norm", "max", "'sum', 'l2'"),
     ("--fw-beta-bias", "high", "invalid float value"),
+    ("--fw-favor-redraw", "sometimes", "'batch', 'never'"),
 ])
 def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     with pytest.raises(SystemExit):
@@ -113,6 +114,16 @@ def test_favor_projection_is_saved_redrawn_in_training_fixed_in_eval():
     # independently per layer: no two layers share a draw
     draws = [after[k] for k in names]
     assert all(not torch.equal(draws[0], other) for other in draws[1:])
+
+
+def test_favor_redraw_never_keeps_the_initial_features_in_training():
+    model, d = build_model(FW + ["--fw-feature-map", "favor", "--fw-favor-redraw", "never"])
+    names = [k for k in model.state_dict() if k.endswith("favor.projection")]
+    before = {k: model.state_dict()[k].clone() for k in names}
+    g = torch.Generator().manual_seed(2)
+    model.train()
+    model(random_tokens(d, 2, 5, g), torch.full((2,), 5), random_tokens(d, 2, 4, g))
+    assert all(torch.equal(before[k], model.state_dict()[k]) for k in names)
 
 
 @pytest.mark.parametrize("feature_map", ["favor", "dpfp"])
