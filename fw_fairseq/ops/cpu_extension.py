@@ -12,7 +12,10 @@ _cpu = None  # fw_fairseq._cpu once imported, False where it is not built
 
 
 def cpu_kernel(x):
-    """The compiled CPU extension if it is built and takes x (a float32 or float64 CPU tensor), else None."""
+    """The compiled CPU extension if it is built and takes x (a float32 or float64 CPU tensor), else None;
+    None while torch.compile traces too, as its pybind functions cannot be traced: the PyTorch forms run."""
+    if torch.compiler.is_compiling():
+        return None
     global _cpu
     if _cpu is None:
         try:

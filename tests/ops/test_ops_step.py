@@ -65,3 +65,13 @@ def test_in_place_step_continues_reordered_rows_into_out(make_inputs, rule, cpu_
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(out, s_ref, rtol=1e-12, atol=1e-12)
     assert torch.equal(state, before)
+
+
+def test_no_kernel_while_torch_compile_traces(monkeypatch):
+    """The CPU kernels are pybind functions, which torch.compile cannot trace: while it traces, every op
+    with a kernel (the state and lazy decoding steps, DPFP) takes its PyTorch form."""
+    from fw_fairseq.ops import cpu_extension
+
+    x = torch.zeros(1)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert cpu_extension.cpu_kernel(x) is None
