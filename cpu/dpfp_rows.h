@@ -24,12 +24,19 @@ inline __attribute__((always_inline)) void relu_pair(const T* __restrict__ x, T*
   }
 }
 
+// r_ext [2d + nu] = [r[w - nu:], r] of a raw key x [d], w = 2d: roll(r, i) is then the plain range r_ext + nu - i
+template <typename T>
+inline __attribute__((always_inline)) void rolled_row(const T* __restrict__ x, T* __restrict__ r_ext, int64_t d,
+                                                      int64_t nu) {
+  relu_pair(x, r_ext + nu, d);
+  for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[2 * d + j];
+}
+
 // norm_of(phi(x), norm) of one raw key x [d] (norm kSum or kL2), phi formed in r_ext [2d + nu] and summed
 template <typename T>
 inline __attribute__((always_inline)) T phi_size(const T* x, int64_t d, int64_t nu, int64_t norm, T* r_ext) {
   const int64_t w = 2 * d;
-  relu_pair(x, r_ext + nu, d);
-  for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
+  rolled_row(x, r_ext, d, nu);
   T total = T(0);
   for (int64_t i = 1; i <= nu; ++i) {
     const T* __restrict__ r = r_ext + nu;
@@ -62,6 +69,18 @@ constexpr int64_t kKeys = 4;
 // scratch that scores_rows needs, in T: kKeys rolled rows r_ext = [r[w - nu:], r], w = 2d
 inline int64_t scores_scratch(int64_t d, int64_t nu) { return kKeys * (2 * d + nu); }
 
+// S[q, s0 + k] = the lanes of acc[q][k] summed, plus tail[q][k] (the columns past the last whole vector)
+template <typename T, int kRows, int kBlock>
+inline __attribute__((always_inline)) void store_block(const typename Lanes<T>::Vec (&acc)[kRows][kBlock],
+                                                       const T (&tail)[kRows][kBlock], T* S, int64_t t, int64_t s0) {
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t k = 0; k < kBlock; ++k) {
+      T total = tail[r][k];
+      for (int64_t l = 0; l < Lanes<T>::kWidth; ++l) total += acc[r][k][l];
+      S[r * t + s0 + k] = total;
+    }
+}
+
 // scores_rows' S[q, s0 .. s0 + kBlock) from kBlock keys at K (key s at K + s ks)
 template <typename T, int kRows, int kBlock>
 inline __attribute__((always_inline)) void score_block(const T* const* Q, const T* K, T* S, int64_t t, int64_t s0,
@@ -69,11 +88,7 @@ inline __attribute__((always_inline)) void score_block(const T* const* Q, const 
   using Vec = typename Lanes<T>::Vec;
   constexpr int64_t L = Lanes<T>::kWidth;
   const int64_t w = 2 * d, row = w + nu, vectorised = w / L * L;
-  for (int64_t k = 0; k < kBlock; ++k) {
-    T* r_ext = scratch + k * row;
-    relu_pair(K + (s0 + k) * ks, r_ext + nu, d);
-    for (int64_t j = 0; j < nu; ++j) r_ext[j] = r_ext[w + j];
-  }
+  for (int64_t k = 0; k < kBlock; ++k) rolled_row(K + (s0 + k) * ks, scratch + k * row, d, nu);
   Vec acc[kRows][kBlock] = {};
   T tail[kRows][kBlock] = {};
   for (int64_t i = 1; i <= nu; ++i) {
@@ -95,12 +110,7 @@ inline __attribute__((always_inline)) void score_block(const T* const* Q, const 
         for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][offset + j] * p;
       }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int64_t k = 0; k < kBlock; ++k) {
-      T total = tail[r][k];
-      for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
-      S[r * t + s0 + k] = total;
-    }
+  store_block<T, kRows, kBlock>(acc, tail, S, t, s0);
 }
 
 // S [kRows, t] of one head for a cache of the features themselves (ELU+1, FAVOR+): rows Q[q] . K_s, E wide,
@@ -125,12 +135,7 @@ inline __attribute__((always_inline)) void feature_block(const T* const* Q, cons
   for (; j < E; ++j)
     for (int64_t k = 0; k < kBlock; ++k)
       for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][j] * K[(s0 + k) * ks + j];
-  for (int r = 0; r < kRows; ++r)
-    for (int64_t k = 0; k < kBlock; ++k) {
-      T total = tail[r][k];
-      for (int64_t l = 0; l < L; ++l) total += acc[r][k][l];
-      S[r * t + s0 + k] = total;
-    }
+  store_block<T, kRows, kBlock>(acc, tail, S, t, s0);
 }
 
 template <typename T, int kRows>
