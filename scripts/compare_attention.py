@@ -30,7 +30,8 @@ import compare_report  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
-# (fast weights in the decoder's self-attention only: decoding cost grows with the output there).
+# (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
+# only, where decoding cost grows with the output).
 CONFIGS = {
     "softmax": ("softmax", ["--fw-attention", "none"]),
     "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]),
@@ -58,6 +59,20 @@ CONFIGS = {
     # the learning rate of the fast-weight models (issue 14's candidate), and softmax's at the same
     "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3"]),
     "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
+    # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
+    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder"]),
+    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross"]),
+    # the cross-attention's gap: an output gate (beyond the paper), an exp feature map (Hedgehog)
+    "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
+    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
+    "dpfp2-delta-dec-l2-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                         "--fw-delta-norm", "l2", "--fw-output-gate", "channel"]),
+    "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head"]),
+    "dpfp2-delta-dec-l2-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                             "--fw-delta-norm", "l2", "--fw-output-gate", "head"]),
+    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum"]),
+    "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
+                                   "--fw-output-gate", "channel"]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
                                    "--fw-delta-norm", "l2"]),
 }

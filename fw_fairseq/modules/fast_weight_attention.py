@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
+from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
@@ -86,6 +87,7 @@ class FastWeightAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, embed_dim)
         self.v_proj = nn.Linear(self.vdim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.output_gate = OutputGate(config.output_gate, embed_dim, num_heads) if config.output_gate != "none" else None
         # Each scalar (beta, alpha) belongs to a written position, so it reads the key-side input;
         # `beta_proj` / `alpha_proj` by name, the checkpoints' parameter names.
         for name in self.rule.scalars:
@@ -196,6 +198,7 @@ class FastWeightAttention(nn.Module):
                 if key_padding_mask is not None:
                     key_padding_mask = key_padding_mask[::beam]
         q = self.q_proj(query)
+        gate = self.output_gate(query) if self.output_gate is not None else None  # [T, B, C]
         projected = self._project(key) if memory is None else None
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
@@ -211,8 +214,8 @@ class FastWeightAttention(nn.Module):
                 # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
                 # may pick (q k^T) v for short sequences
                 o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
-            o = self._merge(o)
-        return self.out_proj(o.to(q.dtype)), None
+            o = self._merge(o).to(q.dtype)  # [T, B, C]
+        return self.out_proj(o if gate is None else o * gate), None
 
     def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
         """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
+from fw_fairseq.modules.output_gate import OUTPUT_GATES
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 UPDATE_RULES = tuple(RULES)
@@ -87,7 +88,8 @@ def add_fast_weight_args(parser):
     group = parser
     group.add_argument("--fw-feature-map", choices=FEATURE_MAPS,
                        help="feature map phi: elu (ELU+1, linear Transformer), dpfp "
-                            "(DPFP-nu, d_dot = 2*d_key*nu) or favor (FAVOR+, d_dot = 2m)")
+                            "(DPFP-nu, d_dot = 2*d_key*nu), favor (FAVOR+, d_dot = 2m) or hedgehog "
+                            "([softmax(x), softmax(-x)], d_dot = 2*d_key)")
     group.add_argument("--fw-update-rule", choices=UPDATE_RULES,
                        help="sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
                             "delta: the paper's delta rule with learned beta and sum-normalised phi; "
@@ -121,6 +123,10 @@ def add_fast_weight_args(parser):
     group.add_argument("--fw-favor-redraw", choices=FAVOR_REDRAWS,
                        help="FAVOR+'s random features in training: batch draws new ones every forward (the "
                             "paper, the default), never keeps those drawn at initialisation; eval never redraws")
+    group.add_argument("--fw-output-gate", choices=OUTPUT_GATES,
+                       help="none: the read goes to the output projection as it is (the paper); channel "
+                            "or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, "
+                            "one gate per channel or one per head")
     group.add_argument("--fw-attention", type=parse_places, metavar="LIST",
                        help="which attention blocks use fast weights: 'all', 'none' (the standard "
                             "Transformer) or a comma-separated subset of encoder,decoder,cross; "
@@ -151,6 +157,7 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
     args.fw_favor_features = getattr(args, "fw_favor_features", None) or favor_features
     args.fw_favor_redraw = getattr(args, "fw_favor_redraw", None) or "batch"
     args.fw_delta_beta_max = getattr(args, "fw_delta_beta_max", None) or beta_max
+    args.fw_output_gate = getattr(args, "fw_output_gate", None) or "none"
     if getattr(args, "fw_attention", None) is None:
         args.fw_attention = parse_places(places)
 
@@ -188,6 +195,7 @@ class FastWeightConfig:
     delta_norm: str = "sum"
     beta_bias: float = 0.0
     favor_redraw: str = "batch"
+    output_gate: str = "none"
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
@@ -200,7 +208,8 @@ class FastWeightConfig:
                      int(getattr(args, "fw_delta_beta_max", None) or 1), block_rules,
                      getattr(args, "fw_delta_norm", None) or "sum",
                      float(getattr(args, "fw_beta_bias", None) or 0.0),
-                     getattr(args, "fw_favor_redraw", None) or "batch")
+                     getattr(args, "fw_favor_redraw", None) or "batch",
+                     getattr(args, "fw_output_gate", None) or "none")
         config.check()
         return config
 
@@ -217,6 +226,8 @@ class FastWeightConfig:
             raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
         if self.favor_redraw not in FAVOR_REDRAWS:
             raise ValueError(f"--fw-favor-redraw got {self.favor_redraw!r}; allowed: {FAVOR_REDRAWS}")
+        if self.output_gate not in OUTPUT_GATES:
+            raise ValueError(f"--fw-output-gate got {self.output_gate!r}; allowed: {OUTPUT_GATES}")
 
     def uses(self, place: str) -> bool:
         return place in self.places
@@ -247,19 +258,22 @@ class FastWeightConfig:
             out["--fw-delta-beta-max"] = str(self.beta_max)
         if any(RULES[rule].normalised_phi for rule in rules.values()):
             out["--fw-delta-norm"] = self.delta_norm
+        out["--fw-output-gate"] = self.output_gate
         return out
 
 
 def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
     """A settings record completed with the flags recorded only since it was written, at the
     value every model had before them: a delta-rule record without --fw-delta-beta-max is 1, without
-    --fw-delta-norm sum."""
+    --fw-delta-norm sum; a fast-weight record without --fw-output-gate none."""
     rules = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
     rules = [RULES[rule] for rule in rules if rule in RULES]
     if any("beta" in rule.scalars for rule in rules) and "--fw-delta-beta-max" not in settings:
         settings = {**settings, "--fw-delta-beta-max": "1"}
     if any(rule.normalised_phi for rule in rules) and "--fw-delta-norm" not in settings:
         settings = {**settings, "--fw-delta-norm": "sum"}
+    if settings.get("--fw-attention", "none") != "none" and "--fw-output-gate" not in settings:
+        settings = {**settings, "--fw-output-gate": "none"}
     return settings
 
 

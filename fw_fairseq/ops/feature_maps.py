@@ -7,14 +7,13 @@ FAVOR+'s random features); `feature_map(name, d_key, nu, m)` builds one from the
 checks its arguments. The plain functions elu_plus_one and dpfp are the maps' maths.
 """
 import abc
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
-from .favor_function import FavorFunction, favor_forward, orthogonal_gaussian
+from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
 from .guards import records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
 from .step import fused_lazy_step
@@ -210,6 +209,24 @@ class Dpfp(FeatureMap):
         return fused_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, self.nu, norm)
 
 
+class Hedgehog(FeatureMap):
+    """phi(x) = [softmax(x), softmax(-x)] over the key's d entries, E = 2 d (Hedgehog, Zhang et al. 2024).
+
+    exp makes the kernel spiky as softmax attention is: phi(q) . phi(k) grows with the scale of q and k
+    that the projections learn, where DPFP's and ELU+1's ratios do not (DPFP is homogeneous: the sum
+    rule's phi(q) . phi(k) / z . phi(q) is the same for c q and c k). Hedgehog's trainable d x d layer
+    before the softmax is left out: the q and k projections before the map are linear already. Each
+    softmax is over one key's own entries, so the map is bounded (sum phi = 2) and needs no fp32 guard.
+    """
+
+    @property
+    def out_dim(self):
+        return 2 * self.d_key
+
+    def forward(self, x, is_query):
+        return torch.cat([torch.softmax(x, dim=-1), torch.softmax(-x, dim=-1)], dim=-1)  # [..., 2 d]
+
+
 class FavorPlus(FeatureMap):
     """FAVOR+ positive random features (Performer), E = 2m, approximating exp(q.k / sqrt(d)).
 
@@ -259,26 +276,7 @@ class FavorPlus(FeatureMap):
                            x.to(dtype), self.projection.to(dtype), is_query)
 
 
-def favor_plus(x, projection, is_query):
-    """FAVOR+ of x [..., d] with R = projection [m, d] (FavorPlus's maths): [..., 2m]."""
-    d, m = x.shape[-1], projection.shape[0]
-    x = x * d ** -0.25  # [..., d]
-    u = x @ projection.T  # [..., m]
-    half_sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # [..., 1]
-    exponents = torch.cat([u - half_sq_norm, -u - half_sq_norm], dim=-1)  # [..., 2m]
-    if is_query:
-        # A per-query factor exp(-c) cancels exactly downstream: the sum rule divides by
-        # z . phi(q) and the delta rule normalises phi(q). Subtracting the row max keeps
-        # exp <= 1 however large |q| is.
-        exponents = exponents - exponents.amax(dim=-1, keepdim=True)
-    # Keys get no per-row shift: a per-key factor would reweight that key's value in the sum
-    # and change the function. They are bounded anyway: r.x - |x|^2/2 = |r|^2/2 - |x - r|^2/2
-    # <= |r_i|^2/2 for every row r_i of R (and likewise for -r_i). |r_i|^2 ~ chi^2(d), about d,
-    # so the exponent stays near d/2 = 32 for d = 64, far below float32's exp limit (~88).
-    return torch.exp(exponents) / math.sqrt(2 * m)
-
-
-FEATURE_MAPS = ("elu", "dpfp", "favor")
+FEATURE_MAPS = ("elu", "dpfp", "favor", "hedgehog")
 
 
 def feature_map(name, d_key, nu=None, m=None, fixed=False):
@@ -290,4 +288,6 @@ def feature_map(name, d_key, nu=None, m=None, fixed=False):
         return Dpfp(d_key, nu)
     if name == "favor":
         return FavorPlus(d_key, m, fixed)
+    if name == "hedgehog":
+        return Hedgehog(d_key)
     raise ValueError(f"feature_map: name={name!r} is not allowed; allowed: {FEATURE_MAPS}")

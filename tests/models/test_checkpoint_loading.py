@@ -37,13 +37,14 @@ def test_state_dict_records_what_the_attention_computes():
     assert decode(model.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
-        "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2"}  # l2: the translation models' default
+        "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
+        "--fw-output-gate": "none"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
-        "--fw-update-rule": "sum"}
+        "--fw-update-rule": "sum", "--fw-output-gate": "none"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
 
@@ -53,7 +54,8 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
 
     mixed = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "dpfp",
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
-             "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2"}
+             "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
+             "--fw-output-gate": "none"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
         model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",
@@ -145,3 +147,21 @@ def test_args_saved_before_delta_norm_existed_build_the_sum_normalised_model():
     saved = argparse.Namespace(**{k: v for k, v in vars(fresh).items() if k != "fw_delta_norm"})
     transformer_fw(saved)
     assert saved.fw_delta_norm == "sum"
+
+
+def test_another_output_gate_is_refused_and_records_from_before_it_mean_none():
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    gated, _ = build_model(fw + ["--fw-output-gate", "channel"])
+    assert decode(gated.state_dict()[RECORD])["--fw-output-gate"] == "channel"
+    with pytest.raises(SystemExit, match=r"trained with --fw-output-gate channel, not none"):
+        build_model(fw)[0].load_state_dict(gated.state_dict())
+    old, _ = build_model(fw)
+    state = old.state_dict()
+    settings = decode(state[RECORD])
+    del settings["--fw-output-gate"]  # a record written before --fw-output-gate existed
+    state[RECORD] = encode(settings)
+    build_model(fw, seed=1)[0].load_state_dict(state)  # no gate: the same attention
+    with pytest.raises(SystemExit, match=r"--fw-output-gate none, not channel"):
+        build_model(fw + ["--fw-output-gate", "channel"])[0].load_state_dict(state)

@@ -10,12 +10,15 @@ from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
 C, H = 12, 2  # d_key 6
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
-# (path, rule, feature map): every rule on the causal path (the chunked Functions' custom ops, several
-# chunks), every path, every feature map (FAVOR+ redraws its random features in every training
-# forward); about 4 s of compiling each on 2 CPU cores
-CASES = [("causal", "sum", "dpfp"), ("causal", "delta", "dpfp"), ("causal", "gated_delta", "dpfp"),
-         ("causal", "sum", "elu"), ("causal", "delta", "favor"), ("encoder", "sum", "dpfp"),
-         ("encoder", "gated_delta", "elu"), ("cross", "delta", "dpfp"), ("cross", "gated_delta", "favor")]
+# (path, rule, feature map, output gate): every rule on the causal path (the chunked Functions' custom ops,
+# several chunks), every path, every feature map (FAVOR+ redraws its random features in every training
+# forward), both output gates; about 4 s of compiling each on 2 CPU cores
+CASES = [("causal", "sum", "dpfp", "none"), ("causal", "delta", "dpfp", "none"),
+         ("causal", "gated_delta", "dpfp", "none"), ("causal", "sum", "elu", "none"),
+         ("causal", "delta", "favor", "none"), ("encoder", "sum", "dpfp", "none"),
+         ("encoder", "gated_delta", "elu", "none"), ("cross", "delta", "dpfp", "none"),
+         ("cross", "gated_delta", "favor", "none"), ("causal", "sum", "hedgehog", "channel"),
+         ("cross", "sum", "dpfp", "head")]
 
 
 def backend(feature_map):
@@ -33,10 +36,10 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def training_layer(path, rule, feature_map):
+def training_layer(path, rule, feature_map, output_gate):
     torch.manual_seed(0)
     config = FastWeightConfig(feature_map=feature_map, update_rule=rule, dpfp_nu=2, favor_features=8,
-                              places=frozenset())
+                              places=frozenset(), output_gate=output_gate)
     return FastWeightAttention(C, H, config, **PATHS[path]).double().train()
 
 
@@ -62,9 +65,9 @@ def output_and_grads(layer, forward, query, key, pad):
     return [out.detach(), *torch.autograd.grad(out, wrt, upstream)]
 
 
-@pytest.mark.parametrize("path,rule,feature_map", CASES, ids=["-".join(case) for case in CASES])
-def test_compiled_layer_trains_like_eager(path, rule, feature_map):
-    layer = training_layer(path, rule, feature_map)
+@pytest.mark.parametrize("path,rule,feature_map,output_gate", CASES, ids=["-".join(case) for case in CASES])
+def test_compiled_layer_trains_like_eager(path, rule, feature_map, output_gate):
+    layer = training_layer(path, rule, feature_map, output_gate)
     query, key, pad = layer_inputs(path)
 
     def forward(query, key, pad):

@@ -6,7 +6,7 @@ import torch
 
 from fw_fairseq.ops import FavorPlus
 from fw_fairseq.ops.favor_function import FavorFunction
-from fw_fairseq.ops.feature_maps import favor_plus
+from fw_fairseq.ops.favor_function import favor_plus
 
 
 def _grads(fn, x, upstream):

@@ -1,0 +1,32 @@
+"""--fw-output-gate: the read of a fast-weight block, gated before the output projection (beyond the paper).
+
+y_t -> sigmoid(W_g x_t + b_g) * y_t, with x_t the query's input: the block can shut what the memory
+returned for a position, which a read normalised by z . phi(q) cannot do itself (Gated Linear Attention,
+Yang et al. 2024; Gated DeltaNet; Qiu et al. 2025 for softmax attention). `channel` learns one gate per
+channel (C x C weights), `head` one per head shared by its d_key channels (C x H: nearly free at decoding).
+"""
+import torch
+from torch import Tensor, nn
+
+OUTPUT_GATES = ("none", "channel", "head")
+
+
+class OutputGate(nn.Module):
+    def __init__(self, kind: str, embed_dim: int, num_heads: int):
+        super().__init__()
+        if kind not in OUTPUT_GATES[1:]:
+            raise ValueError(f"--fw-output-gate got {kind!r}; allowed: {OUTPUT_GATES}")
+        self.kind, self.head_dim = kind, embed_dim // num_heads
+        self.proj = nn.Linear(embed_dim, embed_dim if kind == "channel" else num_heads)
+        # bias 0: every gate starts around 1/2, as the projections' xavier draw spreads it
+        nn.init.xavier_uniform_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def extra_repr(self):
+        return f"kind={self.kind}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The gate of the query's input x [T, B, C]: [T, B, C], to multiply the read [T, B, C] by."""
+        gate = torch.sigmoid(self.proj(x))  # [T, B, C] or [T, B, H]
+        # [T, B, H] -> [T, B, H * D]: each head's gate over its channels, in the heads' channel order
+        return gate if self.kind == "channel" else gate.repeat_interleave(self.head_dim, dim=-1)

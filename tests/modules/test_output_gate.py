@@ -1,0 +1,81 @@
+"""--fw-output-gate (float64): a block's read y goes to the output projection as sigmoid(W_g x_t + b_g) * y,
+the gate computed from the query's input x_t per channel (`channel`) or per head (`head`), on every path
+and in every decoding cache; without the flag the block has no gate parameters."""
+import pytest
+import torch
+
+from factories import build_model, decode_step_by_step, random_tokens
+from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
+
+C, H = 12, 2  # d_key 6
+PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
+         "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
+
+
+def pair(path, rule, kind):
+    """The same block with the output gate `kind` and without, the output projections the identity, so that
+    each returns its read: (gated, plain)."""
+    blocks = []
+    for gate in (kind, "none"):
+        torch.manual_seed(0)
+        config = FastWeightConfig("dpfp", rule, 2, 8, frozenset(), delta_norm="l2", output_gate=gate)
+        blocks.append(FastWeightAttention(C, H, config, **PATHS[path]).double().eval())
+    gated, plain = blocks
+    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("output_gate.")})
+    with torch.no_grad():
+        for block in blocks:
+            block.out_proj.weight.copy_(torch.eye(C, dtype=torch.float64))
+            block.out_proj.bias.zero_()
+        gated.output_gate.proj.weight.normal_()  # far from its init, so that the gates differ
+        gated.output_gate.proj.bias.normal_()
+    return gated, plain
+
+
+def expected_gate(gated, query):
+    """sigmoid(W_g x + b_g) [T, B, C]: each channel's own, or its head's (channels h*D .. h*D + D - 1)."""
+    gate = torch.sigmoid(query @ gated.output_gate.proj.weight.T + gated.output_gate.proj.bias)
+    if gated.output_gate.kind == "head":
+        gate = torch.stack([gate[..., c // (C // H)] for c in range(C)], dim=-1)  # [T, B, H] -> [T, B, C]
+    return gate
+
+
+@pytest.mark.parametrize("kind", ["channel", "head"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_the_gate_multiplies_the_read(path, rule, kind):
+    gated, plain = pair(path, rule, kind)
+    g = torch.Generator().manual_seed(1)
+    query = torch.randn(5, 3, C, generator=g, dtype=torch.float64)  # [T, B, C]
+    key = torch.randn(7, 3, 10, generator=g, dtype=torch.float64) if path == "cross" else query
+    gate = expected_gate(gated, query)
+    assert gate.std() > 0.1  # the gates differ
+    expected = plain(query, key, key)[0] * gate
+    torch.testing.assert_close(gated(query, key, key)[0], expected, rtol=1e-12, atol=1e-12)
+    if path == "encoder":
+        return
+    state = {}  # the decoding caches (causal: lazy cache; cross: the source memory) go through the gate too
+    steps = []
+    for t in range(5):
+        written = key if path == "cross" else query[t: t + 1]  # a causal step writes its own position
+        steps.append(gated(query[t: t + 1], written, written, incremental_state=state,
+                           static_kv=path == "cross")[0])
+    torch.testing.assert_close(torch.cat(steps), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind,width", [("channel", C), ("head", H)])
+def test_only_a_gated_block_has_gate_parameters(kind, width):
+    gated, plain = pair("encoder", "sum", kind)
+    extra = {n: p.shape for n, p in gated.named_parameters()}.items() - {
+        n: p.shape for n, p in plain.named_parameters()}.items()
+    assert dict(extra) == {"output_gate.proj.weight": (width, C), "output_gate.proj.bias": (width,)}
+
+
+def test_gated_model_decodes_as_teacher_forcing():
+    model, d = build_model(["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                            "--fw-output-gate", "head"])
+    assert all(layer.encoder_attn.output_gate.kind == "head" for layer in model.decoder.layers)
+    g = torch.Generator().manual_seed(3)
+    src, prev = random_tokens(d, 3, 8, g), random_tokens(d, 3, 6, g)
+    full, _ = model(src, torch.full((3,), 8), prev)
+    encoder_out = model.encoder(src, src_lengths=torch.full((3,), 8))
+    torch.testing.assert_close(decode_step_by_step(model, prev, encoder_out), full, rtol=1e-9, atol=1e-9)
