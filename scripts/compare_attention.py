@@ -70,6 +70,9 @@ CONFIGS = {
     "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head"]),
     "dpfp2-delta-dec-l2-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                              "--fw-delta-norm", "l2", "--fw-output-gate", "head"]),
+    # the gate where the gap is (cross-attention), and where generation does not pay for it (the encoder)
+    "dpfp2-sum-crossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:cross"]),
+    "dpfp2-sum-enccrossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:encoder,cross"]),
     "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum"]),
     "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
                                    "--fw-output-gate", "channel"]),

@@ -87,7 +87,8 @@ class FastWeightAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, embed_dim)
         self.v_proj = nn.Linear(self.vdim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        self.output_gate = OutputGate(config.output_gate, embed_dim, num_heads) if config.output_gate != "none" else None
+        gate = config.gate(PLACE[self.path])  # --fw-output-gate
+        self.output_gate = OutputGate(gate, embed_dim, num_heads) if gate != "none" else None
         # Each scalar (beta, alpha) belongs to a written position, so it reads the key-side input;
         # `beta_proj` / `alpha_proj` by name, the checkpoints' parameter names.
         for name in self.rule.scalars:

@@ -40,6 +40,23 @@ def parse_places(text: str) -> str:
     return ",".join(p for p in PLACES if p in places)
 
 
+def parse_output_gate(text: str) -> str:
+    """Validate an `--fw-output-gate` value, KIND or KIND:LIST (the gate in those blocks only); return it
+    canonical (the LIST in encoder,decoder,cross order, none without one)."""
+    kind, colon, where = text.strip().partition(":")
+    try:
+        if kind not in OUTPUT_GATES or (colon and kind == "none"):
+            raise argparse.ArgumentTypeError(text)
+        places = parse_places(where) if colon else "all"
+        if places == "none":
+            raise argparse.ArgumentTypeError(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--fw-output-gate got {text!r}; allowed: none, {' or '.join(OUTPUT_GATES[1:])}, each optionally "
+            f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)") from None
+    return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
+
+
 def places_set(text: str) -> FrozenSet[str]:
     canonical = parse_places(text)
     return frozenset() if canonical == "none" else frozenset(canonical.split(","))
@@ -123,10 +140,11 @@ def add_fast_weight_args(parser):
     group.add_argument("--fw-favor-redraw", choices=FAVOR_REDRAWS,
                        help="FAVOR+'s random features in training: batch draws new ones every forward (the "
                             "paper, the default), never keeps those drawn at initialisation; eval never redraws")
-    group.add_argument("--fw-output-gate", choices=OUTPUT_GATES,
+    group.add_argument("--fw-output-gate", type=parse_output_gate, metavar="{none,channel,head}[:LIST]",
                        help="none: the read goes to the output projection as it is (the paper); channel "
                             "or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, "
-                            "one gate per channel or one per head")
+                            "one gate per channel or one per head, in every fast-weight block or, with "
+                            ":LIST (e.g. channel:cross), in those of encoder,decoder,cross only")
     group.add_argument("--fw-attention", type=parse_places, metavar="LIST",
                        help="which attention blocks use fast weights: 'all', 'none' (the standard "
                             "Transformer) or a comma-separated subset of encoder,decoder,cross; "
@@ -226,8 +244,10 @@ class FastWeightConfig:
             raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
         if self.favor_redraw not in FAVOR_REDRAWS:
             raise ValueError(f"--fw-favor-redraw got {self.favor_redraw!r}; allowed: {FAVOR_REDRAWS}")
-        if self.output_gate not in OUTPUT_GATES:
-            raise ValueError(f"--fw-output-gate got {self.output_gate!r}; allowed: {OUTPUT_GATES}")
+        try:
+            parse_output_gate(self.output_gate)
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(str(err)) from None
 
     def uses(self, place: str) -> bool:
         return place in self.places
@@ -235,6 +255,12 @@ class FastWeightConfig:
     def rule(self, place: str) -> str:
         """The update rule of a block: its --fw-{place}-rule, else --fw-update-rule."""
         return dict(self.block_rules).get(place, self.update_rule)
+
+    def gate(self, place: str) -> str:
+        """The output gate of a block: --fw-output-gate's kind where its LIST (all blocks without one)
+        names the block, else none."""
+        kind, _, where = self.output_gate.partition(":")
+        return kind if not where or place in where.split(",") else "none"
 
     def settings(self) -> Dict[str, str]:
         """What the attention computes, as the flags that set it: the weights of a checkpoint
@@ -258,7 +284,10 @@ class FastWeightConfig:
             out["--fw-delta-beta-max"] = str(self.beta_max)
         if any(RULES[rule].normalised_phi for rule in rules.values()):
             out["--fw-delta-norm"] = self.delta_norm
-        out["--fw-output-gate"] = self.output_gate
+        gated = [place for place in PLACES if place in self.places and self.gate(place) != "none"]
+        kind = self.output_gate.partition(":")[0] if gated else "none"
+        # the blocks gated among the fast-weight ones, however the command line spelled them
+        out["--fw-output-gate"] = kind if len(gated) in (0, len(rules)) else f"{kind}:{','.join(gated)}"
         return out
 
 

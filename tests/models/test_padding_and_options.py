@@ -49,7 +49,9 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-delta-norm", "max", "'sum', 'l2'"),
     ("--fw-beta-bias", "high", "invalid float value"),
     ("--fw-favor-redraw", "sometimes", "'batch', 'never'"),
-    ("--fw-output-gate", "tanh", "'none', 'channel', 'head'"),
+    ("--fw-output-gate", "tanh", "allowed: none, channel or head, each optionally followed by :LIST"),
+    ("--fw-output-gate", "channel:ffn", "a comma-separated subset of encoder,decoder,cross"),
+    ("--fw-output-gate", "none:cross", "allowed: none, channel or head"),
 ])
 def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     with pytest.raises(SystemExit):
