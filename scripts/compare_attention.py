@@ -74,6 +74,8 @@ CONFIGS = {
     "dpfp2-sum-crossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:cross"]),
     "dpfp2-sum-enccrossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:encoder,cross"]),
     "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum"]),
+    "hedgehog-delta-dec-l2": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
+                                       "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"]),
     "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
                                    "--fw-output-gate", "channel"]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
