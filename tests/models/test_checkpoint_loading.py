@@ -12,6 +12,15 @@ import fw_fairseq  # noqa: F401
 from fw_fairseq.models.checkpoints import RECORD, decode, encode
 
 
+def recorded_before(model, flag):
+    """The model's state dict as a checkpoint written before `flag` existed saved it: a record without it."""
+    state = model.state_dict()
+    settings = decode(state[RECORD])
+    del settings[flag]
+    state[RECORD] = encode(settings)
+    return state
+
+
 def test_fairseq_loader_reads_namespace_and_numpy_metrics(tmp_path):
     path = tmp_path / "checkpoint_last.pt"
     # what fairseq-train writes with --eval-bleu: args as a Namespace, BLEU counts as numpy
@@ -105,11 +114,7 @@ def test_a_delta_record_from_before_beta_max_means_beta_max_1():
     from factories import build_model
 
     fw = ["--fw-feature-map", "elu", "--fw-update-rule", "delta"]
-    old, _ = build_model(fw)
-    state = old.state_dict()
-    settings = decode(state[RECORD])
-    del settings["--fw-delta-beta-max"]
-    state[RECORD] = encode(settings)
+    state = recorded_before(build_model(fw)[0], "--fw-delta-beta-max")
     build_model(fw, seed=1)[0].load_state_dict(state)  # beta max 1: the same attention
     two, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
     with pytest.raises(SystemExit, match=r"--fw-delta-beta-max 1, not 2"):
@@ -127,11 +132,7 @@ def test_another_norm_or_block_rule_is_refused_and_old_delta_records_mean_sum_no
         build_model(fw + ["--fw-delta-norm", "l2", "--fw-encoder-rule", "sum"])[0].load_state_dict(
             trained.state_dict())
     fw_sum = fw + ["--fw-delta-norm", "sum"]
-    old, _ = build_model(fw_sum)
-    state = old.state_dict()
-    settings = decode(state[RECORD])
-    del settings["--fw-delta-norm"]  # a record written before --fw-delta-norm existed
-    state[RECORD] = encode(settings)
+    state = recorded_before(build_model(fw_sum)[0], "--fw-delta-norm")
     build_model(fw_sum, seed=1)[0].load_state_dict(state)  # sum normalisation: the same attention
 
 
@@ -157,11 +158,7 @@ def test_another_output_gate_is_refused_and_records_from_before_it_mean_none():
     assert decode(gated.state_dict()[RECORD])["--fw-output-gate"] == "channel"
     with pytest.raises(SystemExit, match=r"trained with --fw-output-gate channel, not none"):
         build_model(fw)[0].load_state_dict(gated.state_dict())
-    old, _ = build_model(fw)
-    state = old.state_dict()
-    settings = decode(state[RECORD])
-    del settings["--fw-output-gate"]  # a record written before --fw-output-gate existed
-    state[RECORD] = encode(settings)
+    state = recorded_before(build_model(fw)[0], "--fw-output-gate")
     build_model(fw, seed=1)[0].load_state_dict(state)  # no gate: the same attention
     with pytest.raises(SystemExit, match=r"--fw-output-gate none, not channel"):
         build_model(fw + ["--fw-output-gate", "channel"])[0].load_state_dict(state)
