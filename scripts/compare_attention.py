@@ -62,17 +62,12 @@ CONFIGS = {
     # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
     "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder"]),
     "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross"]),
-    # the cross-attention's gap: an output gate (beyond the paper), an exp feature map (Hedgehog)
+    # the gap in the non-causal blocks' read: an output gate (beyond the paper), Hedgehog's exp feature map
     "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
     "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
     "dpfp2-delta-dec-l2-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                          "--fw-delta-norm", "l2", "--fw-output-gate", "channel"]),
     "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head"]),
-    "dpfp2-delta-dec-l2-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                             "--fw-delta-norm", "l2", "--fw-output-gate", "head"]),
-    # the gate where the gap is (cross-attention), and where generation does not pay for it (the encoder)
-    "dpfp2-sum-crossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:cross"]),
-    "dpfp2-sum-enccrossgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel:encoder,cross"]),
     "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum"]),
     "hedgehog-delta-dec-l2": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
                                        "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"]),
