@@ -45,15 +45,13 @@ def parse_output_gate(text: str) -> str:
     canonical (the LIST in encoder,decoder,cross order, none without one)."""
     kind, colon, where = text.strip().partition(":")
     try:
-        if kind not in OUTPUT_GATES or (colon and kind == "none"):
-            raise argparse.ArgumentTypeError(text)
         places = parse_places(where) if colon else "all"
-        if places == "none":
-            raise argparse.ArgumentTypeError(text)
     except argparse.ArgumentTypeError:
+        places = None  # not a LIST of blocks: reported below with the flag's whole syntax
+    if kind not in OUTPUT_GATES or (colon and kind == "none") or places in (None, "none"):
         raise argparse.ArgumentTypeError(
             f"--fw-output-gate got {text!r}; allowed: none, {' or '.join(OUTPUT_GATES[1:])}, each optionally "
-            f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)") from None
+            f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)")
     return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
 
 
@@ -284,9 +282,9 @@ class FastWeightConfig:
             out["--fw-delta-beta-max"] = str(self.beta_max)
         if any(RULES[rule].normalised_phi for rule in rules.values()):
             out["--fw-delta-norm"] = self.delta_norm
-        gated = [place for place in PLACES if place in self.places and self.gate(place) != "none"]
-        kind = self.output_gate.partition(":")[0] if gated else "none"
-        # the blocks gated among the fast-weight ones, however the command line spelled them
+        # the kind and the blocks gated among the fast-weight ones, however the command line spelled them
+        gated = {place: self.gate(place) for place in rules if self.gate(place) != "none"}
+        kind = next(iter(gated.values()), "none")
         out["--fw-output-gate"] = kind if len(gated) in (0, len(rules)) else f"{kind}:{','.join(gated)}"
         return out
 
