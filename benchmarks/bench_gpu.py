@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fw_fairseq.ops import RULES
 from fw_fairseq.ops import fast_weight as public
 from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
 
@@ -150,7 +151,7 @@ def bench_training(timer, rule, method, N, T, E, dtype):
         args = prepare(*make_inputs(N, T, E, D, dtype))
         if isinstance(args, str):
             return {**record, "skipped": args}
-        if method == "ours_cuda" and public._cuda_kernel(args[0], args[2]) is None:
+        if method == "ours_cuda" and public._cuda_kernel(args[0], args[2], RULES[rule].kernel) is None:
             return {**record, "skipped": "fw_fairseq._cuda is not built or cannot run this shape"}
         upstream = torch.randn_like(run(*args))
 

@@ -28,23 +28,29 @@ def inputs(B, H, T, E, M, dtype):
     q, k = q / q.sum(-1, keepdim=True), k / k.sum(-1, keepdim=True)
     v = torch.randn(B, H, T, M, device="cuda", dtype=dtype)
     beta = torch.rand(B, H, T, device="cuda", dtype=dtype)
+    alpha = 0.5 + 0.5 * torch.rand(B, H, T, device="cuda", dtype=dtype)
     state = 0.1 * torch.randn(B, H, E, M, device="cuda", dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    return q, k, v, beta, state
+    return q, k, v, beta, alpha, state
 
 
 def main():
     launches = 0
     for dtype in DTYPES:
         for shape in SHAPES:
-            q, k, v, beta, s0 = inputs(*shape, dtype)
-            o, s = EXT.sum_forward(q, k, v, s0)
-            EXT.sum_backward(q, k, v, s0, torch.randn_like(o), torch.randn_like(s))
-            o, s = EXT.delta_forward(q, k, v, beta, s0)
-            EXT.delta_backward(q, k, v, beta, s0, torch.randn_like(o), torch.randn_like(s))
-            step = [x[:, :, :1].contiguous() for x in (q, k, v, beta)]
+            q, k, v, beta, alpha, s0 = inputs(*shape, dtype)
+            # the binding reads do [B, H, T, M] in the input dtype (v's), dstate_final in the state dtype
+            do, ds = torch.randn_like(v), torch.randn_like(s0)
+            EXT.sum_forward(q, k, v, s0)
+            EXT.sum_backward(q, k, v, s0, do, ds)
+            EXT.delta_forward(q, k, v, beta, s0)
+            EXT.delta_backward(q, k, v, beta, s0, do, ds)
+            EXT.gated_delta_forward(q, k, v, beta, alpha, s0)
+            EXT.gated_delta_backward(q, k, v, beta, alpha, s0, do, ds)
+            step = [x[:, :, :1].contiguous() for x in (q, k, v, beta, alpha)]
             EXT.sum_step(*step[:3], s0.clone())
-            EXT.delta_step(*step, s0.clone())
-            launches += 6
+            EXT.delta_step(*step[:4], s0.clone())
+            EXT.gated_delta_step(*step, s0.clone())
+            launches += 9
             torch.cuda.synchronize()  # a kernel fault is reported at the case that caused it
     print(f"gpu_sanitize_cases: {launches} extension calls over {len(SHAPES)} shapes x {len(DTYPES)} dtypes")
 
