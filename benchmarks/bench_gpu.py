@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fw_fairseq.ops import RULES
+from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_sum
 from fw_fairseq.ops import fast_weight as public
 from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
 
@@ -83,7 +83,7 @@ def seq_first(*xs):
 # name -> (prepare(q, k, v, beta) -> args or a reason string, run(*args) -> output)
 METHODS = {
     "sum": {
-        "ours_cuda": (lambda q, k, v, b: (q, k, v), lambda q, k, v: public.fast_weight_sum(q, k, v)[0]),
+        "ours_cuda": (lambda q, k, v, b: (q, k, v), lambda q, k, v: fast_weight_sum(q, k, v)[0]),
         "ours_chunked": (lambda q, k, v, b: (q, k, v), lambda q, k, v: chunked_sum(q, k, v)[0]),
         "fla_chunk": (lambda q, k, v, b: seq_first(q, k, v) if FLA_LINEAR else "not installed",
                       lambda q, k, v: fla_call(FLA_LINEAR, q, k, v, normalize=False)),
@@ -92,7 +92,7 @@ METHODS = {
                               lambda q, k, v: FT_CAUSAL(q, k, v)),
     },
     "delta": {
-        "ours_cuda": (lambda q, k, v, b: (q, k, v, b), lambda q, k, v, b: public.fast_weight_delta(q, k, v, b)[0]),
+        "ours_cuda": (lambda q, k, v, b: (q, k, v, b), lambda q, k, v, b: fast_weight_delta(q, k, v, b)[0]),
         "ours_chunked": (lambda q, k, v, b: (q, k, v, b), lambda q, k, v, b: chunked_delta(q, k, v, b)[0]),
         "fla_chunk": (lambda q, k, v, b: "not installed" if FLA_DELTA is None
                       else "bf16 only" if q.dtype == torch.float32 else seq_first(q, k, v, b),
