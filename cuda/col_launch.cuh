@@ -33,7 +33,7 @@ void launch_col_mode(const ColTensors& t) {
       col_kernel<scalar_t, acc_t, Tier, kMode><<<grid, block, 0, stream>>>(args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    TORCH_CHECK(launched, "fw_fairseq._cuda: the state has ", P, " rows, more than the kernel's ", kMaxE);
+    TORCH_CHECK(launched, "fw_fairseq._cuda: the state has ", num(P), " rows, more than the kernel's ", num(kMaxE));
   });
 }
 

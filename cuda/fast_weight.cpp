@@ -27,7 +27,7 @@ void check_tensor(const char* fn, const char* name, const at::Tensor& x, const a
   TORCH_CHECK(x.is_cuda(), fn, ": ", name, " must be a CUDA tensor, got ", x.device());
   TORCH_CHECK(x.device() == q.device(), fn, ": ", name, " is on ", x.device(), " but q is on ", q.device());
   TORCH_CHECK(x.scalar_type() == dtype, fn, ": ", name, " has dtype ", x.scalar_type(), ", expected ", dtype);
-  TORCH_CHECK(x.sizes() == shape, fn, ": ", name, " has shape ", x.sizes(), ", expected ", shape);
+  TORCH_CHECK(x.sizes() == shape, fn, ": ", name, " has shape ", dims(x.sizes()), ", expected ", dims(shape));
   TORCH_CHECK(x.is_contiguous(), fn, ": ", name, " must be contiguous");
 }
 
@@ -35,15 +35,15 @@ void check_tensor(const char* fn, const char* name, const at::Tensor& x, const a
 void check_inputs(const char* fn, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor* beta, const at::Tensor& state, const at::Tensor* dout,
                   const at::Tensor* dfinal, bool single_step, const at::Tensor* alpha = nullptr) {
-  TORCH_CHECK(q.dim() == 4, fn, ": q must be [B, H, T, E], got shape ", q.sizes());
-  TORCH_CHECK(v.dim() == 4, fn, ": v must be [B, H, T, M], got shape ", v.sizes());
+  TORCH_CHECK(q.dim() == 4, fn, ": q must be [B, H, T, E], got shape ", dims(q.sizes()));
+  TORCH_CHECK(v.dim() == 4, fn, ": v must be [B, H, T, M], got shape ", dims(v.sizes()));
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
               fn, ": q has dtype ", dtype, "; allowed: float16, bfloat16, float32, float64");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), E = q.size(3), M = v.size(3);
-  TORCH_CHECK(single_step ? T == 1 : T >= 1, fn, ": q has T = ", T, single_step ? ", expected 1" : ", expected >= 1");
-  TORCH_CHECK(E >= 1 && E <= kMaxE, fn, ": E = ", E, " is outside the kernel's 1..", kMaxE);
-  TORCH_CHECK(M >= 1 && M <= kMaxM, fn, ": M = ", M, " is outside the kernel's 1..", kMaxM);
+  TORCH_CHECK(single_step ? T == 1 : T >= 1, fn, ": q has T = ", num(T), single_step ? ", expected 1" : ", expected >= 1");
+  TORCH_CHECK(E >= 1 && E <= kMaxE, fn, ": E = ", num(E), " is outside the kernel's 1..", num(kMaxE));
+  TORCH_CHECK(M >= 1 && M <= kMaxM, fn, ": M = ", num(M), " is outside the kernel's 1..", num(kMaxM));
   check_tensor(fn, "q", q, q, dtype, {B, H, T, E});
   check_tensor(fn, "k", k, q, dtype, {B, H, T, E});
   check_tensor(fn, "v", v, q, dtype, {B, H, T, M});

@@ -5,9 +5,24 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 #include "col_mode.h"
 
 namespace fw {
+
+// Numbers in TORCH_CHECK messages go in as text made here, never through std::ostream's number
+// formatting. On the first GPU run (H100, 2026-11-25, the extension built by that node's g++ under
+// /opt/gcc), every check whose message streamed an integer or a shape segfaulted instead of raising,
+// while the checks that streamed only text, dtypes and devices raised their RuntimeError; std::to_string
+// formats without a stream or a locale.
+inline std::string num(int64_t x) { return std::to_string(x); }
+
+inline std::string dims(at::IntArrayRef shape) {  // "[1, 2, 5, 16]", as torch prints a shape
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
 
 // q, k [B, H, T, P]; v [B, H, T, Q]; beta [B, H, T] (delta modes); alpha [B, H, T] (gated modes);
 // state_in, state_out [B, H, P, Q]; out and aux [B, H, T, Q] in acc_t. reverse walks t = T-1 .. 0.

@@ -21,7 +21,7 @@ T* ptr_or_null(const at::Tensor& t) {
 // together and share that head's inputs through L2.
 inline dim3 grid_1d(int64_t heads, int blocks_per_head) {
   const int64_t n = heads * blocks_per_head;
-  TORCH_CHECK(n < (int64_t(1) << 31), "fw_fairseq._cuda: grid of ", n, " blocks is too large");
+  TORCH_CHECK(n < (int64_t(1) << 31), "fw_fairseq._cuda: grid of ", num(n), " blocks is too large");
   return dim3(static_cast<unsigned>(n));
 }
 

@@ -50,7 +50,7 @@ void launch_delta_grad_rows(const at::Tensor& q, const at::Tensor& k, const at::
         sweeps(std::false_type{});
       }
     });
-    TORCH_CHECK(launched, "fw_fairseq._cuda: M = ", M, " exceeds the delta backward's limit ", kMaxM);
+    TORCH_CHECK(launched, "fw_fairseq._cuda: M = ", num(M), " exceeds the delta backward's limit ", num(kMaxM));
   });
 }
 

@@ -10,7 +10,7 @@ void launch_step(bool delta, const at::Tensor& q, const at::Tensor& k, const at:
   const int E = q.size(3), M = v.size(3);
   if (heads == 0 || M == 0) return;
   const int groups = step_groups(E, M);
-  TORCH_CHECK(groups * M <= 1024, "fw_fairseq._cuda: M = ", M, " is too wide for the step kernel");
+  TORCH_CHECK(groups * M <= 1024, "fw_fairseq._cuda: M = ", num(M), " is too wide for the step kernel");
   const dim3 grid = grid_1d(heads, 1);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "fw_step", [&] {

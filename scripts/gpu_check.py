@@ -210,7 +210,14 @@ def environment(out):
     info = {"python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "nvidia_smi": smi,
             "nvcc": (tool("nvcc", "--version") or "").splitlines()[-1:] or None,
-            "compute_sanitizer": (tool("compute-sanitizer", "--version") or "").splitlines()[-1:] or None}
+            "compute_sanitizer": (tool("compute-sanitizer", "--version") or "").splitlines()[-1:] or None,
+            # the C++ compiler the extensions are built with, and the C++ runtime that torch runs on: the
+            # first H100 run built with a g++ under /opt/gcc and its number-formatting error paths segfaulted
+            "cxx": {"compiler": shutil.which(os.environ.get("CXX", "c++")),
+                    "version": (tool(os.environ.get("CXX", "c++"), "--version") or "").splitlines()[:1] or None,
+                    "torch_abi": torch._C._GLIBCXX_USE_CXX11_ABI,
+                    "libstdcxx": sorted({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                                         if "libstdc++" in line})}}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,

@@ -78,7 +78,8 @@ def check_targets(check):
     rows = []
     for tool in ("memcheck", "racecheck"):
         step = steps.get(tool)
-        match = re.search(r"ERROR SUMMARY: (\d+) error", step["tail"]) if step else None
+        # memcheck ends "ERROR SUMMARY: 0 errors", racecheck "RACECHECK SUMMARY: 0 hazards displayed (0 errors, ..."
+        match = re.search(r"SUMMARY: .*?(\d+) error", step["tail"]) if step else None
         value = f"{match.group(1)} errors" if match else (step["status"] if step else "not run")
         rows.append((f"compute-sanitizer --tool {tool}: no error", value,
                      verdict(match.group(1) == "0" and step["status"] == "ok" if match else None)))
@@ -130,6 +131,26 @@ def ops_table(bench):
     return lines
 
 
+def shapes_table(bench):
+    """Every shape's fwd+bwd ms (and peak MB) per method, with softmax SDPA beside them: the medians above
+    hide where the kernels win and where they lose."""
+    if bench is None or not bench["training"]:
+        return []
+    training = bench["training"]
+    methods = ["ours_cuda", "ours_chunked", "fla_chunk", "fla_recurrent", "fast_transformers"]
+    lines = ["\ntraining ops per shape: fwd+bwd ms (peak MB); '-' where a method did not run\n",
+             "| rule | dtype | N | T | E | " + " | ".join(methods) + " | sdpa |", "|---" * 5 + "|---:" * 6 + "|"]
+    for rule in ("sum", "delta"):
+        for key in dict.fromkeys((r["dtype"], r["N"], r["T"], r["E"]) for r in training if r["rule"] == rule):
+            runs = {r["method"]: r for r in training if (r["dtype"], r["N"], r["T"], r["E"]) == key
+                    and r["rule"] in (rule, "softmax")}
+            cells = [f"{runs[m]['fwd_bwd_ms']:.2f} ({runs[m]['peak_MB']:.0f})" if "fwd_bwd_ms" in runs.get(m, {})
+                     else "-" for m in methods + ["sdpa"]]
+            lines.append(f"| {rule} | {key[0].replace('torch.', '')} | {key[1]} | {key[2]} | {key[3]} | "
+                         + " | ".join(cells) + " |")
+    return lines
+
+
 def render(out):
     check = load(out / "check.json")
     env = (check or {}).get("environment") or load(out / "environment.json") or {}
@@ -147,7 +168,7 @@ def render(out):
     targets = check_targets(check) + ops_targets(load(out / "bench_gpu.json")) + fairseq_targets(load(out / "bench_fairseq.json"))
     lines += ["", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {t} | {v} | {ok} |" for t, v, ok in targets]
-    lines += ops_table(load(out / "bench_gpu.json")) + fairseq_table(load(out / "bench_fairseq.json"))
+    lines += ops_table(load(out / "bench_gpu.json")) + shapes_table(load(out / "bench_gpu.json")) + fairseq_table(load(out / "bench_fairseq.json"))
     return "\n".join(lines) + "\n"
 
 

@@ -105,6 +105,16 @@ def test_the_summary_renders_a_recorded_run(tmp_path):
     assert "| softmax | " in text and "generate N=4" in text
 
 
+def test_the_summary_renders_the_first_h100_run():
+    """The committed run (benchmarks/results/gpu_h100_2026-11-25): both sanitizers' real last lines read as
+    clean, and the committed summary.md is what the script renders from the committed files."""
+    run = REPO / "benchmarks" / "results" / "gpu_h100_2026-11-25"
+    text = gpu_summary.render(run)
+    assert "| compute-sanitizer --tool memcheck: no error | 0 errors | met |" in text
+    assert "| compute-sanitizer --tool racecheck: no error | 0 errors | met |" in text
+    assert text == (run / "summary.md").read_text()
+
+
 def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     """benchmarks/bench_fairseq_gpu.py through the real fairseq CLIs on tiny settings: the same code the
     GPU check runs, so a fairseq or plugin change that breaks it fails here first."""
