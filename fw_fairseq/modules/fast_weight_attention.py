@@ -199,7 +199,6 @@ class FastWeightAttention(nn.Module):
                 if key_padding_mask is not None:
                     key_padding_mask = key_padding_mask[::beam]
         q = self.q_proj(query)
-        gate = self.output_gate(query) if self.output_gate is not None else None  # [T, B, C]
         projected = self._project(key) if memory is None else None
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
@@ -216,7 +215,7 @@ class FastWeightAttention(nn.Module):
                 # may pick (q k^T) v for short sequences
                 o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
             o = self._merge(o).to(q.dtype)  # [T, B, C]
-        return self.out_proj(o if gate is None else o * gate), None
+        return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
 
     def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
         """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the

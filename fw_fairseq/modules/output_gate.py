@@ -25,8 +25,12 @@ class OutputGate(nn.Module):
     def extra_repr(self):
         return f"kind={self.kind}"
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The gate of the query's input x [T, B, C]: [T, B, C], to multiply the read [T, B, C] by."""
+    def forward(self, x: Tensor, read: Tensor) -> Tensor:
+        """The read [T, B, C] gated by the query's input x [T, B, C]: [T, B, C]."""
         gate = torch.sigmoid(self.proj(x))  # [T, B, C] or [T, B, H]
-        # [T, B, H] -> [T, B, H * D]: each head's gate over its channels, in the heads' channel order
-        return gate if self.kind == "channel" else gate.repeat_interleave(self.head_dim, dim=-1)
+        if self.kind == "channel":
+            return read * gate
+        length, bsz, channels = read.shape
+        # [T, B, C] -> [T, B, H, D]: each head's gate broadcast over its channels, in the heads' channel order
+        heads = read.view(length, bsz, -1, self.head_dim) * gate[..., None]
+        return heads.view(length, bsz, channels)
