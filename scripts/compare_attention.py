@@ -29,52 +29,65 @@ import compare_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
+NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
 # (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
 # only, where decoding cost grows with the output).
 CONFIGS = {
     "softmax": ("softmax", ["--fw-attention", "none"]),
-    "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]),
-    "dpfp2-sum": ("fast", [*DPFP2, "--fw-update-rule", "sum"]),
+    "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *NO_CONV]),
+    "dpfp2-sum": ("fast", [*DPFP2, "--fw-update-rule", "sum", *NO_CONV]),
     # the paper's delta rule (sum-normalised phi) in every block
-    "dpfp2-delta-all": ("fast", [*DPFP2, "--fw-update-rule", "delta"]),
+    "dpfp2-delta-all": ("fast", [*DPFP2, "--fw-update-rule", "delta", *NO_CONV]),
     # the delta rule where the paper derives it, the causal decoder; the sum rule over the source
-    "dpfp2-delta-dec": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta"]),
+    "dpfp2-delta-dec": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", *NO_CONV]),
     "dpfp2-delta-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                    "--fw-delta-norm", "l2"]),
-    "dpfp2-delta-all-l2": ("fast", [*DPFP2, "--fw-update-rule", "delta", "--fw-delta-norm", "l2"]),
+                                    "--fw-delta-norm", "l2", *NO_CONV]),
+    "dpfp2-delta-all-l2": ("fast", [*DPFP2, "--fw-update-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
     "dpfp2-delta-dec-l2-b2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                       "--fw-delta-norm", "l2", "--fw-beta-bias", "2"]),
+                                       "--fw-delta-norm", "l2", "--fw-beta-bias", "2", *NO_CONV]),
     "elu-delta-dec-l2": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                  "--fw-delta-norm", "l2"]),
+                                  "--fw-delta-norm", "l2", *NO_CONV]),
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
-                                    "--fw-delta-norm", "l2"]),
-    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum"]),
+                                    "--fw-delta-norm", "l2", *NO_CONV]),
+    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", *NO_CONV]),
     # FAVOR+ with the random features drawn once, not every training forward (the paper)
-    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never"]),
+    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
+                                 *NO_CONV]),
     # the wider DPFP of configs/wmt14_en_de/dpfp_nu4{,_delta}.sh (d_dot 512)
-    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum"]),
+    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum", *NO_CONV]),
     "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",
-                                    "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"]),
+                                    "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
     # the learning rate of the fast-weight models (issue 14's candidate), and softmax's at the same
-    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3"]),
+    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3", *NO_CONV]),
     "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
     # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
-    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder"]),
-    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross"]),
+    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
+                                       *NO_CONV]),
+    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross", *NO_CONV]),
     # the gap in the non-causal blocks' read: an output gate (beyond the paper), Hedgehog's exp feature map
-    "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
-    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel"]),
+    "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel", *NO_CONV]),
+    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel",
+                              *NO_CONV]),
     "dpfp2-delta-dec-l2-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                         "--fw-delta-norm", "l2", "--fw-output-gate", "channel"]),
-    "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head"]),
-    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum"]),
+                                         "--fw-delta-norm", "l2", "--fw-output-gate", "channel", *NO_CONV]),
+    "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head", *NO_CONV]),
+    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *NO_CONV]),
     "hedgehog-delta-dec-l2": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                       "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"]),
+                                       "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
     "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                   "--fw-output-gate", "channel"]),
+                                   "--fw-output-gate", "channel", *NO_CONV]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
-                                   "--fw-delta-norm", "l2"]),
+                                   "--fw-delta-norm", "l2", *NO_CONV]),
+    # --fw-encoder-conv (beyond the paper; the translation models' default 3 since it was measured): the
+    # encoder's read plus a depthwise convolution of its values; the rows above were measured before it, at 0
+    "dpfp2-sum-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3]),
+    "dpfp2-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                           "--fw-delta-norm", "l2", *CONV3]),
+    "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
+    "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
+    "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
+                                              *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

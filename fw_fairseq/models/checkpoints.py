@@ -22,7 +22,8 @@ import torch
 
 from fairseq import checkpoint_utils, trainer
 
-from fw_fairseq.modules.fast_weight_config import FastWeightConfig, cli_error, per_block_rules, with_later_flags
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, per_block_rules, with_later_flags
+from fw_fairseq.modules.fast_weight_flags import cli_error
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
+from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
@@ -89,6 +90,8 @@ class FastWeightAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         gate = config.gate(PLACE[self.path])  # --fw-output-gate
         self.output_gate = OutputGate(gate, embed_dim, num_heads) if gate != "none" else None
+        conv = config.encoder_conv if self.path == ENCODER else 0  # --fw-encoder-conv
+        self.encoder_conv = EncoderConv(embed_dim, conv) if conv else None
         # Each scalar (beta, alpha) belongs to a written position, so it reads the key-side input;
         # `beta_proj` / `alpha_proj` by name, the checkpoints' parameter names.
         for name in self.rule.scalars:
@@ -215,6 +218,8 @@ class FastWeightAttention(nn.Module):
                 # may pick (q k^T) v for short sequences
                 o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
             o = self._merge(o).to(q.dtype)  # [T, B, C]
+        if self.encoder_conv is not None:  # only on the encoder path, where query, key and value are one x
+            o = o + self.encoder_conv(projected.v, key_padding_mask)
         return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
 
     def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:

@@ -1,98 +1,18 @@
 """The fast-weight options of one model, parsed and validated once from fairseq's args."""
 import argparse
 import math
-import os
-import sys
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Tuple
 
-from fw_fairseq.modules.output_gate import OUTPUT_GATES
+from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, parse_beta_max,
+                                                  parse_encoder_conv, parse_output_gate, parse_places, parse_rule,
+                                                  places_set, positive_int)
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
-UPDATE_RULES = tuple(RULES)
-PLACES = ("encoder", "decoder", "cross")
 DELTA_NORMS = tuple(PHI_NORMS)
-BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
 FAVOR_REDRAWS = ("batch", "never")  # --fw-favor-redraw: a new R every training forward (the paper), or never
 # The gate's bias starts at 5: alpha = sigmoid(5) = 0.993, so training starts near the delta rule.
 GATE_BIAS_INIT = 5.0
-
-
-def parse_places(text: str) -> str:
-    """Validate an `--fw-attention` value; return it canonical ("encoder,decoder,cross" order).
-
-    Kept a plain string so checkpoints (which pickle the args) stay loadable with
-    torch.load(weights_only=True). Raises argparse.ArgumentTypeError so that fairseq's parser
-    prints the flag and the allowed values.
-    """
-    text = text.strip()
-    if text == "none":
-        return "none"
-    if text == "all":
-        return ",".join(PLACES)
-    places = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in places if p not in PLACES]
-    if unknown or not places:
-        raise argparse.ArgumentTypeError(
-            f"--fw-attention got {text!r}; allowed: 'none', 'all' or a comma-separated "
-            f"subset of {','.join(PLACES)}"
-        )
-    return ",".join(p for p in PLACES if p in places)
-
-
-def parse_output_gate(text: str) -> str:
-    """Validate an `--fw-output-gate` value, KIND or KIND:LIST (the gate in those blocks only); return it
-    canonical (the LIST in encoder,decoder,cross order, none without one)."""
-    kind, colon, where = text.strip().partition(":")
-    try:
-        places = parse_places(where) if colon else "all"
-    except argparse.ArgumentTypeError:
-        places = None  # not a LIST of blocks: reported below with the flag's whole syntax
-    if kind not in OUTPUT_GATES or (colon and kind == "none") or places in (None, "none"):
-        raise argparse.ArgumentTypeError(
-            f"--fw-output-gate got {text!r}; allowed: none, {' or '.join(OUTPUT_GATES[1:])}, each optionally "
-            f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)")
-    return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
-
-
-def places_set(text: str) -> FrozenSet[str]:
-    canonical = parse_places(text)
-    return frozenset() if canonical == "none" else frozenset(canonical.split(","))
-
-
-def cli_error(message: str) -> SystemExit:
-    """argparse's one-line exit ("fairseq-train: error: ..."), for what can be judged only once
-    several flags, or a checkpoint, are known. Raise the result."""
-    return SystemExit(f"{os.path.basename(sys.argv[0])}: error: {message}")
-
-
-def positive_int(flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: an integer >= 1")
-        return value
-
-    return parse
-
-
-def parse_beta_max(text: str) -> int:
-    if text.strip() not in [str(m) for m in BETA_MAX]:
-        raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: "
-                                         f"{' or '.join(map(str, BETA_MAX))}")
-    return int(text)
-
-
-def parse_rule(flag: str):
-    def parse(text: str) -> str:
-        if text not in UPDATE_RULES:
-            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}")
-        return text
-
-    return parse
 
 
 def add_fast_weight_args(parser):
@@ -143,6 +63,11 @@ def add_fast_weight_args(parser):
                             "or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, "
                             "one gate per channel or one per head, in every fast-weight block or, with "
                             ":LIST (e.g. channel:cross), in those of encoder,decoder,cross only")
+    # default=None: set_fast_weight_defaults tells a command line without it from args saved before it existed
+    group.add_argument("--fw-encoder-conv", type=parse_encoder_conv, metavar="K", default=None,
+                       help="encoder self-attention adds a depthwise convolution of width K over its values "
+                            "to its read (beyond the paper; FLatten Transformer, Han et al. 2023): 0 (off, "
+                            "the paper) or an odd K >= 3 (default 3 for translation)")
     group.add_argument("--fw-attention", type=parse_places, metavar="LIST",
                        help="which attention blocks use fast weights: 'all', 'none' (the standard "
                             "Transformer) or a comma-separated subset of encoder,decoder,cross; "
@@ -150,7 +75,7 @@ def add_fast_weight_args(parser):
 
 
 def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
-                             favor_features=128, places="all", beta_max=1, delta_norm="l2"):
+                             favor_features=128, places="all", beta_max=1, delta_norm="l2", encoder_conv=3):
     """Architecture defaults; command-line values win (fairseq's getattr convention). The per-block
     rules stay None (they follow --fw-update-rule) so that a record of them is written only when set.
 
@@ -165,6 +90,10 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
     if not hasattr(args, "fw_delta_norm"):
         args.fw_delta_norm = "sum"
     args.fw_delta_norm = args.fw_delta_norm or delta_norm
+    if not hasattr(args, "fw_encoder_conv"):
+        args.fw_encoder_conv = 0
+    if args.fw_encoder_conv is None:
+        args.fw_encoder_conv = encoder_conv
     if getattr(args, "fw_beta_bias", None) is None:
         args.fw_beta_bias = 0.0
     args.fw_feature_map = getattr(args, "fw_feature_map", None) or feature_map
@@ -212,6 +141,7 @@ class FastWeightConfig:
     beta_bias: float = 0.0
     favor_redraw: str = "batch"
     output_gate: str = "none"
+    encoder_conv: int = 0  # --fw-encoder-conv's width, 0 for none
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
@@ -225,7 +155,8 @@ class FastWeightConfig:
                      getattr(args, "fw_delta_norm", None) or "sum",
                      float(getattr(args, "fw_beta_bias", None) or 0.0),
                      getattr(args, "fw_favor_redraw", None) or "batch",
-                     getattr(args, "fw_output_gate", None) or "none")
+                     getattr(args, "fw_output_gate", None) or "none",
+                     int(getattr(args, "fw_encoder_conv", None) or 0))
         config.check()
         return config
 
@@ -244,6 +175,7 @@ class FastWeightConfig:
             raise ValueError(f"--fw-favor-redraw got {self.favor_redraw!r}; allowed: {FAVOR_REDRAWS}")
         try:
             parse_output_gate(self.output_gate)
+            parse_encoder_conv(str(self.encoder_conv))
         except argparse.ArgumentTypeError as err:
             raise ValueError(str(err)) from None
 
@@ -286,13 +218,16 @@ class FastWeightConfig:
         gated = {place: self.gate(place) for place in rules if self.gate(place) != "none"}
         kind = next(iter(gated.values()), "none")
         out["--fw-output-gate"] = kind if len(gated) in (0, len(rules)) else f"{kind}:{','.join(gated)}"
+        if "encoder" in self.places:
+            out["--fw-encoder-conv"] = str(self.encoder_conv)
         return out
 
 
 def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
     """A settings record completed with the flags recorded only since it was written, at the
     value every model had before them: a delta-rule record without --fw-delta-beta-max is 1, without
-    --fw-delta-norm sum; a fast-weight record without --fw-output-gate none."""
+    --fw-delta-norm sum; a fast-weight record without --fw-output-gate none; one with fast weights in the
+    encoder without --fw-encoder-conv 0."""
     rules = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
     rules = [RULES[rule] for rule in rules if rule in RULES]
     if any("beta" in rule.scalars for rule in rules) and "--fw-delta-beta-max" not in settings:
@@ -301,6 +236,8 @@ def with_later_flags(settings: Dict[str, str]) -> Dict[str, str]:
         settings = {**settings, "--fw-delta-norm": "sum"}
     if settings.get("--fw-attention", "none") != "none" and "--fw-output-gate" not in settings:
         settings = {**settings, "--fw-output-gate": "none"}
+    if "encoder" in settings.get("--fw-attention", "").split(",") and "--fw-encoder-conv" not in settings:
+        settings = {**settings, "--fw-encoder-conv": "0"}
     return settings
 
 

@@ -23,7 +23,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from fw_fairseq.models.transformer_lm_fw import CarriedState
-from fw_fairseq.modules.fast_weight_config import cli_error
+from fw_fairseq.modules.fast_weight_flags import cli_error
 
 
 class TokenStream(FairseqDataset):

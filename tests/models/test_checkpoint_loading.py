@@ -47,13 +47,13 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
         "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
-        "--fw-output-gate": "none"}
+        "--fw-output-gate": "none", "--fw-encoder-conv": "3"}  # 3: the translation models' default
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
-        "--fw-update-rule": "sum", "--fw-output-gate": "none"}
+        "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
 
@@ -64,7 +64,7 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
     mixed = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "dpfp",
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
              "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
-             "--fw-output-gate": "none"}
+             "--fw-output-gate": "none", "--fw-encoder-conv": "3"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
         model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",
@@ -162,3 +162,19 @@ def test_another_output_gate_is_refused_and_records_from_before_it_mean_none():
     build_model(fw, seed=1)[0].load_state_dict(state)  # no gate: the same attention
     with pytest.raises(SystemExit, match=r"--fw-output-gate none, not channel"):
         build_model(fw + ["--fw-output-gate", "channel"])[0].load_state_dict(state)
+
+
+def test_another_encoder_conv_is_refused_and_records_from_before_it_mean_none():
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    plain, _ = build_model(fw + ["--fw-encoder-conv", "0"])
+    with pytest.raises(SystemExit, match=r"trained with --fw-encoder-conv 0, not 3"):
+        build_model(fw)[0].load_state_dict(plain.state_dict())
+    state = recorded_before(plain, "--fw-encoder-conv")
+    build_model(fw + ["--fw-encoder-conv", "0"], seed=1)[0].load_state_dict(state)  # the same attention
+    with pytest.raises(SystemExit, match=r"--fw-encoder-conv 0, not 5"):
+        build_model(fw + ["--fw-encoder-conv", "5"])[0].load_state_dict(state)
+    # no fast-weight encoder: nothing to record
+    softmax_encoder, _ = build_model(fw + ["--fw-attention", "decoder,cross"])
+    assert "--fw-encoder-conv" not in decode(softmax_encoder.state_dict()[RECORD])

@@ -52,6 +52,8 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-output-gate", "tanh", "allowed: none, channel or head, each optionally followed by :LIST"),
     ("--fw-output-gate", "channel:ffn", "a comma-separated subset of encoder,decoder,cross"),
     ("--fw-output-gate", "none:cross", "allowed: none, channel or head"),
+    ("--fw-encoder-conv", "4", "allowed: 0 (off) or an odd width >= 3"),
+    ("--fw-encoder-conv", "wide", "allowed: 0 (off) or an odd width >= 3"),
 ])
 def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     with pytest.raises(SystemExit):

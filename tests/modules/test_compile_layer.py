@@ -12,7 +12,7 @@ PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
 # (path, rule, feature map, output gate): every rule on the causal path (the chunked Functions' custom ops,
 # several chunks), every path, every feature map (FAVOR+ redraws its random features in every training
-# forward), both output gates; about 4 s of compiling each on 2 CPU cores
+# forward), both output gates, the encoder's convolution (on the encoder path, as in translation); about 4 s of compiling each on 2 CPU cores
 CASES = [("causal", "sum", "dpfp", "none"), ("causal", "delta", "dpfp", "none"),
          ("causal", "gated_delta", "dpfp", "none"), ("causal", "sum", "elu", "none"),
          ("causal", "delta", "favor", "none"), ("encoder", "sum", "dpfp", "none"),
@@ -39,7 +39,7 @@ def fresh_dynamo():
 def training_layer(path, rule, feature_map, output_gate):
     torch.manual_seed(0)
     config = FastWeightConfig(feature_map=feature_map, update_rule=rule, dpfp_nu=2, favor_features=8,
-                              places=frozenset(), output_gate=output_gate)
+                              places=frozenset(), output_gate=output_gate, encoder_conv=3)
     return FastWeightAttention(C, H, config, **PATHS[path]).double().train()
 
 

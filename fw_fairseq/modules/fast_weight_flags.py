@@ -1,0 +1,104 @@
+"""The `--fw-*` flags' values: what each allows, parsed into the canonical form the checkpoint record keeps.
+
+Each parser raises argparse.ArgumentTypeError, so that fairseq's parser prints the flag and the allowed
+values in one line; cli_error is that line for what only several flags or a checkpoint can judge.
+"""
+import argparse
+import os
+import sys
+from typing import FrozenSet
+
+from fw_fairseq.modules.output_gate import OUTPUT_GATES
+from fw_fairseq.ops import RULES
+
+UPDATE_RULES = tuple(RULES)
+PLACES = ("encoder", "decoder", "cross")
+BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
+
+
+def parse_places(text: str) -> str:
+    """Validate an `--fw-attention` value; return it canonical ("encoder,decoder,cross" order).
+
+    Kept a plain string so checkpoints (which pickle the args) stay loadable with
+    torch.load(weights_only=True). Raises argparse.ArgumentTypeError so that fairseq's parser
+    prints the flag and the allowed values.
+    """
+    text = text.strip()
+    if text == "none":
+        return "none"
+    if text == "all":
+        return ",".join(PLACES)
+    places = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in places if p not in PLACES]
+    if unknown or not places:
+        raise argparse.ArgumentTypeError(
+            f"--fw-attention got {text!r}; allowed: 'none', 'all' or a comma-separated "
+            f"subset of {','.join(PLACES)}"
+        )
+    return ",".join(p for p in PLACES if p in places)
+
+
+def parse_output_gate(text: str) -> str:
+    """Validate an `--fw-output-gate` value, KIND or KIND:LIST (the gate in those blocks only); return it
+    canonical (the LIST in encoder,decoder,cross order, none without one)."""
+    kind, colon, where = text.strip().partition(":")
+    try:
+        places = parse_places(where) if colon else "all"
+    except argparse.ArgumentTypeError:
+        places = None  # not a LIST of blocks: reported below with the flag's whole syntax
+    if kind not in OUTPUT_GATES or (colon and kind == "none") or places in (None, "none"):
+        raise argparse.ArgumentTypeError(
+            f"--fw-output-gate got {text!r}; allowed: none, {' or '.join(OUTPUT_GATES[1:])}, each optionally "
+            f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)")
+    return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
+
+
+def places_set(text: str) -> FrozenSet[str]:
+    canonical = parse_places(text)
+    return frozenset() if canonical == "none" else frozenset(canonical.split(","))
+
+
+def cli_error(message: str) -> SystemExit:
+    """argparse's one-line exit ("fairseq-train: error: ..."), for what can be judged only once
+    several flags, or a checkpoint, are known. Raise the result."""
+    return SystemExit(f"{os.path.basename(sys.argv[0])}: error: {message}")
+
+
+def positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: an integer >= 1")
+        return value
+
+    return parse
+
+
+def parse_beta_max(text: str) -> int:
+    if text.strip() not in [str(m) for m in BETA_MAX]:
+        raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: "
+                                         f"{' or '.join(map(str, BETA_MAX))}")
+    return int(text)
+
+
+def parse_rule(flag: str):
+    def parse(text: str) -> str:
+        if text not in UPDATE_RULES:
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}")
+        return text
+
+    return parse
+
+
+def parse_encoder_conv(text: str) -> int:
+    """Validate an `--fw-encoder-conv` width: 0 (no convolution) or an odd K >= 3 (centred on the position)."""
+    try:
+        width = int(text)
+    except ValueError:
+        width = -1
+    if width != 0 and (width < 3 or width % 2 == 0):
+        raise argparse.ArgumentTypeError(f"--fw-encoder-conv got {text!r}; allowed: 0 (off) or an odd width >= 3")
+    return width

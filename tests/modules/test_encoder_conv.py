@@ -1,0 +1,52 @@
+"""--fw-encoder-conv (float64): encoder self-attention returns its read plus a depthwise convolution of width K
+over its values, padded positions read as 0; no other block has one, and width 0 is the block without it."""
+import pytest
+import torch
+
+from factories import build_model
+from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
+
+C, H = 12, 2  # d_key 6
+
+
+def pair(width):
+    """The encoder block with --fw-encoder-conv width and without, sharing every other weight, the output
+    projections the identity: (convolved, plain)."""
+    blocks = []
+    for conv in (width, 0):
+        torch.manual_seed(0)
+        config = FastWeightConfig("dpfp", "sum", 2, 8, frozenset(), encoder_conv=conv)
+        blocks.append(FastWeightAttention(C, H, config, causal=False).double().eval())
+    convolved, plain = blocks
+    plain.load_state_dict({k: v for k, v in convolved.state_dict().items() if not k.startswith("encoder_conv.")})
+    with torch.no_grad():
+        for block in blocks:
+            block.out_proj.weight.copy_(torch.eye(C, dtype=torch.float64))
+            block.out_proj.bias.zero_()
+    return convolved, plain
+
+
+@pytest.mark.parametrize("width", [3, 5])
+def test_the_convolution_of_the_values_adds_to_the_read(width):
+    convolved, plain = pair(width)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 3, C, generator=g, dtype=torch.float64)  # [S, B, C]
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, :2] = True  # fairseq pads sources on the left
+    v = (x @ convolved.v_proj.weight.T + convolved.v_proj.bias).masked_fill(pad.t()[..., None], 0.0)
+    w, b = convolved.encoder_conv.conv.weight[:, 0], convolved.encoder_conv.conv.bias  # [C, K], [C]
+    expected = plain(x, x, x, key_padding_mask=pad)[0] + b
+    for s in range(7):  # o_s += sum_j w_j v_{s+j}, j = -K/2 .. K/2, outside the sentence 0
+        for j in range(-(width // 2), width // 2 + 1):
+            if 0 <= s + j < 7:
+                expected[s] += w[:, j + width // 2] * v[s + j]
+    torch.testing.assert_close(convolved(x, x, x, key_padding_mask=pad)[0], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_only_the_encoder_blocks_have_it():
+    model, _ = build_model(["--fw-encoder-conv", "5"])
+    assert all(layer.self_attn.encoder_conv.conv.weight.shape == (32, 1, 5) for layer in model.encoder.layers)
+    assert all(layer.self_attn.encoder_conv is None and layer.encoder_attn.encoder_conv is None
+               for layer in model.decoder.layers)
+    plain, _ = build_model(["--fw-encoder-conv", "0"])
+    assert not [n for n, _ in plain.named_parameters() if "encoder_conv" in n]
