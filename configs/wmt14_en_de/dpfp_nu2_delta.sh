@@ -4,4 +4,4 @@
 # row at 600 updates; the paper reports no MT number for the delta rule.
 TABLE1_ROW="DPFP + delta"
 TABLE1_DDOT=256
-FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule sum --fw-decoder-rule delta --fw-delta-norm l2)
+FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule sum --fw-decoder-rule delta --fw-delta-norm l2 --fw-encoder-conv 0)
