@@ -3,6 +3,7 @@
 // r = [relu(x), relu(-x)] (w = 2d wide); phi_i[j] = r[j] r[(j - i) mod w], i = 1..nu, phi = [phi_1 .. phi_nu].
 // Backward: dr[j] = sum_i g_i[j] r[j - i] + g_i[j + i] r[j + i] (indices mod w);
 //           dx[k] = dr[k] if x[k] > 0, -dr[k + d] if x[k] < 0, else 0 (relu's gradient at 0, as autograd's).
+//           With a norm (normalised phi, --fw-delta-norm), the normalisation's backward runs first on the row.
 // The PyTorch form of the same maths walks [rows, w nu] tensors several times; here a row's r and dr
 // live in a w-long buffer, and each modular shift is split into two plain ranges the compiler vectorises.
 // Inputs: x [..., d] (any layout: made contiguous), float32 or float64; grad [..., w nu].
@@ -29,45 +30,71 @@ constexpr int64_t kGrain = 64;  // rows per parallel task
 
 
 // phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
-// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, fused for no-grad callers
+// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, in the same pass
 using fw::kNone;
 using fw::kSum;
 using fw::kL2;
+
+// phi [w nu] of one row from its r [w]
+template <typename T>
+inline __attribute__((always_inline)) void phi_row(const T* __restrict__ r, T* __restrict__ p, int64_t w, int64_t nu) {
+  for (int64_t i = 1; i <= nu; ++i, p += w) {
+    for (int64_t j = 0; j < i; ++j) p[j] = r[j] * r[j - i + w];
+    for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
+  }
+}
+
+// the norm of a row of phi [E] (norm kSum or kL2)
+template <typename T>
+inline __attribute__((always_inline)) T row_size(const T* row, int64_t E, int64_t norm) {
+  return norm == kSum ? fw::sum(row, E) : std::sqrt(fw::dot(row, row, E));
+}
 
 template <typename T>
 inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,
                                                         double eps, int64_t begin, int64_t end) {
   const int64_t w = 2 * d, E = w * nu;
   std::vector<T> buffer(w);
-  const T* __restrict__ r = buffer.data();
   for (int64_t n = begin; n < end; ++n) {
     relu_pair(X + n * d, buffer.data(), d);
     T* __restrict__ row = P + n * E;
-    T* __restrict__ p = row;
-    for (int64_t i = 1; i <= nu; ++i, p += w) {
-      for (int64_t j = 0; j < i; ++j) p[j] = r[j] * r[j - i + w];
-      for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
-    }
+    phi_row(buffer.data(), row, w, nu);
     if (norm == kNone) continue;
-    const T size = norm == kSum ? fw::sum(row, E) : std::sqrt(fw::dot(row, row, E));
-    const T scale = T(1) / std::max(size, T(eps));
+    const T scale = T(1) / std::max(row_size(row, E, norm), T(eps));
     for (int64_t e = 0; e < E; ++e) row[e] *= scale;
   }
 }
 
-// dx of rows [begin, end) from G [rows, w nu] and X [rows, d]
+// dx of rows [begin, end) from G [rows, w nu] and X [rows, d]. With a norm, G is the gradient of y = phi / c,
+// c = max(size, eps), and the row's phi is formed again for the normalisation's backward first
+// (normalize_function.py): dphi = (g - y (y . g)) / c for l2, (g - (y . g)) / c for sum, and g / c where the
+// size was clamped (c is then the constant eps).
 template <typename T>
 inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X, T* DX, int64_t d, int64_t nu,
-                                                         int64_t begin, int64_t end) {
-  const int64_t w = 2 * d;
-  std::vector<T> r_buffer(w), dr_buffer(w);
+                                                         int64_t norm, double eps, int64_t begin, int64_t end) {
+  const int64_t w = 2 * d, E = w * nu;
+  std::vector<T> r_buffer(w), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
   const T* __restrict__ r = r_buffer.data();
   T* __restrict__ dr = dr_buffer.data();
   for (int64_t n = begin; n < end; ++n) {
     const T* xn = X + n * d;
     relu_pair(xn, r_buffer.data(), d);
+    const T* __restrict__ g = G + n * E;
+    if (norm != kNone) {
+      T* __restrict__ phi = phi_buffer.data();
+      T* __restrict__ dphi = dphi_buffer.data();
+      phi_row(r, phi, w, nu);
+      const T size = row_size(phi, E, norm), c = std::max(size, T(eps)), inv = T(1) / c;
+      const T y_dot_g = size > T(eps) ? fw::dot(phi, g, E) * inv : T(0);
+      if (norm == kL2) {
+        const T k = y_dot_g * inv;  // y_e (y . g) = phi_e k
+        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - phi[e] * k) * inv;
+      } else {
+        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - y_dot_g) * inv;
+      }
+      g = dphi;
+    }
     std::fill(dr_buffer.begin(), dr_buffer.end(), T(0));
-    const T* __restrict__ g = G + n * w * nu;
     for (int64_t i = 1; i <= nu; ++i, g += w) {
       for (int64_t j = 0; j < i; ++j) dr[j] += g[j] * r[j - i + w];
       for (int64_t j = i; j < w; ++j) dr[j] += g[j] * r[j - i];
@@ -107,13 +134,13 @@ FW_CLONES void forward_range(const double* X, double* P, int64_t d, int64_t nu, 
                              int64_t e) {
   forward_rows(X, P, d, nu, norm, eps, b, e);
 }
-FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t b,
-                              int64_t e) {
-  backward_rows(G, X, DX, d, nu, b, e);
+FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t norm,
+                              double eps, int64_t b, int64_t e) {
+  backward_rows(G, X, DX, d, nu, norm, eps, b, e);
 }
-FW_CLONES void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t b,
-                              int64_t e) {
-  backward_rows(G, X, DX, d, nu, b, e);
+FW_CLONES void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t norm,
+                              double eps, int64_t b, int64_t e) {
+  backward_rows(G, X, DX, d, nu, norm, eps, b, e);
 }
 
 FW_CLONES void scores_range(const float* Q, const float* K, float* S, int64_t H, int64_t R, int64_t t,
@@ -153,8 +180,9 @@ torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, dou
   return phi;
 }
 
-torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu) {
+torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu, int64_t norm, double eps) {
   check(x, nu, "dpfp_backward");
+  TORCH_CHECK(norm == kNone || norm == kSum || norm == kL2, "dpfp_backward: norm must be 0 (none), 1 (sum) or 2 (l2)");
   const auto xc = x.contiguous();
   const int64_t d = xc.size(-1), rows = xc.numel() / d;
   TORCH_CHECK(grad.numel() == rows * 2 * d * nu && grad.size(-1) == 2 * d * nu,
@@ -165,7 +193,7 @@ torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, i
     const scalar_t* X = xc.data_ptr<scalar_t>();
     const scalar_t* G = gc.data_ptr<scalar_t>();
     scalar_t* DX = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) { backward_range(G, X, DX, d, nu, b, e); });
+    at::parallel_for(0, rows, kGrain, [&](int64_t b, int64_t e) { backward_range(G, X, DX, d, nu, norm, eps, b, e); });
   });
   return dx;
 }

@@ -5,7 +5,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dpfp_forward", &dpfp_forward, "DPFP-nu of x [..., d] -> [..., 2 d nu] (float32/float64, CPU), divided by "
         "max(its sum (norm 1) or 2-norm (norm 2), eps)", py::arg("x"), py::arg("nu"), py::arg("norm") = 0,
         py::arg("eps") = 1e-6);
-  m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output");
+  m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output (the same "
+        "norm and eps)", py::arg("grad"), py::arg("x"), py::arg("nu"), py::arg("norm") = 0, py::arg("eps") = 1e-6);
   m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
   m.def("lazy_step", &lazy_step, "a decoding step of the lazy cache, of DPFP-nu's raw keys or (nu 0) of features: (o, u)", py::arg("phi_q"),
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),

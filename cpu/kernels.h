@@ -28,10 +28,10 @@ inline torch::Tensor checked_order(const torch::Tensor& order, int64_t B, int64_
   return oc;
 }
 
-// dpfp.cpp: DPFP-nu's forward (normalised if asked: norm 0 none, 1 sum, 2 l2) and backward, and
+// dpfp.cpp: DPFP-nu's forward and backward (normalised if asked: norm 0 none, 1 sum, 2 l2), and
 // rows . phi(raw keys) for the decoding cache
 torch::Tensor dpfp_forward(const torch::Tensor& x, int64_t nu, int64_t norm, double eps);
-torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu);
+torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, int64_t nu, int64_t norm, double eps);
 torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu);
 
 // lazy_step.cpp: a decoding step of the lazy cache (DPFP-nu's raw keys, or nu 0: the features themselves) ->

@@ -183,9 +183,9 @@ class Dpfp(FeatureMap):
         return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
 
     def normalized(self, x, is_query, kind):
-        if _differentiable(x):
-            return super().normalized(x, is_query, kind)
-        return dpfp_forward(x, self.nu, kind)  # no autograd: map and normalisation in one pass
+        # the map and its normalisation as one Function (one pass each way on the CPU kernel), as the map
+        # alone takes its forms
+        return _eager_form(DpfpFunction, lambda t, nu, norm: PHI_NORMS[norm](dpfp(t, nu)), dpfp_forward, x, self.nu, kind)
 
     # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
     # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).

@@ -31,26 +31,37 @@ def plain_normalize(x, kind, eps):
     return x / norm_of(x, kind).clamp_min(eps)
 
 
+def normalize_saving(x, kind, eps):
+    """y = x / max(norm_of(x, kind), eps) and what its backward needs: (y, (y, clamped norm, unclamped mask))."""
+    norm = norm_of(x, kind)  # [..., 1]
+    clamped = norm.clamp_min(eps)
+    y = x / clamped
+    return y, (y, clamped, norm > eps)
+
+
+def normalize_backward(grad, saved, kind):
+    """The gradient of x from the gradient of y (normalize_saving's saved tensors)."""
+    y, clamped, unclamped = saved
+    # (y . g), zero where the norm was clamped: there the division was by the constant eps
+    dot = torch.linalg.vecdot(y, grad).unsqueeze(-1).mul_(unclamped)  # [..., 1]
+    if kind == "sum":
+        dx = grad - dot
+    else:
+        dx = torch.addcmul(grad, y, dot, value=-1)
+    return dx.div_(clamped)
+
+
 class NormalizeFunction(torch.autograd.Function):
     """y = x / max(norm_of(x, kind), eps), x [..., E] -> y [..., E]."""
 
     @staticmethod
     def forward(ctx, x, kind, eps):
-        norm = norm_of(x, kind)  # [..., 1]
-        clamped = norm.clamp_min(eps)
-        y = x / clamped
-        ctx.save_for_backward(y, clamped, norm > eps)
+        y, saved = normalize_saving(x, kind, eps)
+        ctx.save_for_backward(*saved)
         ctx.kind = kind
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        y, clamped, unclamped = ctx.saved_tensors
-        # (y . g), zero where the norm was clamped: there the division was by the constant eps
-        dot = torch.linalg.vecdot(y, grad).unsqueeze(-1).mul_(unclamped)  # [..., 1]
-        if ctx.kind == "sum":
-            dx = grad - dot
-        else:
-            dx = torch.addcmul(grad, y, dot, value=-1)
-        return dx.div_(clamped), None, None
+        return normalize_backward(grad, ctx.saved_tensors, ctx.kind), None, None

@@ -18,14 +18,13 @@ from typing import Callable, Mapping, Tuple
 
 import torch
 
+from .attend_function import attend_short
 from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .effective_writes import effective_writes
 from .fast_weight import _check_causal, _check_tensor, causal, fast_weight_read, memory
 from .guards import autocast_off, records, state_dtype
 from .step import step_delta, step_gated_delta, step_sum
-
-Z_EPS = 1e-6  # the guard of the z column's denominator: y = W^T phi(q) / (z . phi(q) + Z_EPS)
 
 
 @dataclass(frozen=True)
@@ -43,16 +42,6 @@ class UpdateRule:
     pad_values: Mapping[str, float]  # each scalar at a padded position: it must write and decay nothing
     normalised_phi: bool  # phi of keys and queries normalised (PHI_NORMS): keeps the delta write contractive
     z_column: bool  # values carry a ones column: the state's last column is z = sum phi(k) (divide_by_z)
-
-
-def append_z_column(v):
-    """[B, H, T, D] -> [B, H, T, D + 1]: the ones column whose memory column is z = sum_t phi(k_t)."""
-    return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
-
-
-def divide_by_z(o):
-    """[..., D + 1] read through a z-column memory -> y = numerator / (z . phi(q) + Z_EPS) [..., D]."""
-    return o[..., :-1] / (o[..., -1:] + Z_EPS)
 
 
 @autocast_off
@@ -120,8 +109,8 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
     if Tq * T * (E + M) < (Tq + T) * E * M and (rule is SUM or not records(q, k, v, *scalar_list)):
         dtype = state_dtype(dtype)
-        scores = q.to(dtype) @ k.to(dtype).transpose(-1, -2)  # [B, H, Tq, T]
-        return scores @ effective_writes(k.to(dtype), v.to(dtype), *(x.to(dtype) for x in scalar_list))
+        k = k.to(dtype)
+        return attend_short(q.to(dtype), k, effective_writes(k, v.to(dtype), *(x.to(dtype) for x in scalar_list)))
     return fast_weight_read(q, memory(rule, "fast_weight_attend", k, v, scalars))
 
 

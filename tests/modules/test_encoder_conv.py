@@ -50,3 +50,15 @@ def test_only_the_encoder_blocks_have_it():
                for layer in model.decoder.layers)
     plain, _ = build_model(["--fw-encoder-conv", "0"])
     assert not [n for n, _ in plain.named_parameters() if "encoder_conv" in n]
+
+
+@pytest.mark.parametrize("width", [3, 5])
+def test_the_convolution_is_torchs_depthwise_conv1d_and_its_gradients_check(width):
+    from fw_fairseq.modules.encoder_conv import DepthwiseConv
+    g = torch.Generator().manual_seed(2)
+    v = torch.randn(6, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)  # [S, B, C]
+    w = torch.randn(4, width, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    expected = torch.nn.functional.conv1d(v.permute(1, 2, 0), w[:, None], b, padding=width // 2, groups=4)
+    torch.testing.assert_close(DepthwiseConv.apply(v, w, b), expected.permute(2, 0, 1), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(DepthwiseConv.apply, (v, w, b))

@@ -52,3 +52,14 @@ def test_attend_without_autograd_reads_the_effective_writes(make_inputs, rule, T
     with torch.no_grad():
         ours = fast_weight_attend(q, k, v, beta, alpha)
     torch.testing.assert_close(ours, naive_noncausal(q, k, v, beta, alpha), rtol=1e-10, atol=1e-12)
+
+
+def test_the_short_order_has_its_own_backward_with_contiguous_gradients(make_inputs):
+    """The sum rule's (q k^T) v with autograd is ScoresRead (attend_function.py): its gradients come out
+    contiguous, where autograd's of k^T was a transposed view the feature map's backward had to copy."""
+    _, k, v, _, _ = make_inputs(T=5, E=16, M=9, requires_grad=True)
+    q = make_inputs(T=3, E=16, M=9, seed=5, requires_grad=True)[0]
+    o = fast_weight_attend(q, k, v)
+    assert type(o.grad_fn).__name__ == "ScoresReadBackward"
+    grads = torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    assert all(g.is_contiguous() for g in grads)

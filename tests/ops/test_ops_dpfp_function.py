@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import dpfp, dpfp_function, feature_map
+from fw_fairseq.ops.feature_maps import PHI_NORMS
 from fw_fairseq.ops.dpfp_function import DpfpFunction
 
 
@@ -150,3 +151,22 @@ def test_normalised_forward_matches_the_normalisation_of_the_map(kind, dtype):
     got = phi.normalized(leaf, False, kind)
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
     assert got.grad_fn is not None
+
+
+@pytest.mark.parametrize("norm", ["sum", "l2"])
+@pytest.mark.parametrize("d,nu", [(1, 1), (3, 5), (16, 3), (64, 2)])
+def test_normalised_in_one_function_matches_the_map_then_the_normalisation(d, nu, norm):
+    """--fw-delta-norm's phi / max(norm, eps) in DpfpFunction (the kernel fuses it into the map both ways)
+    = the plain maths, with an all-zero row (its norm clamped at eps) and strided upstream gradients."""
+    g = torch.Generator().manual_seed(d * 7 + nu)
+    x = torch.randn(2, 3, 5, d, generator=g, dtype=torch.float64)
+    x[0, 0, 0, :] = 0  # phi = 0: the norm is clamped, the gradient divided by the constant eps
+    upstream = torch.randn(2, 3, 2 * d * nu, 5, generator=g, dtype=torch.float64).transpose(-1, -2)
+    expected, expected_dx = _grads(lambda t: PHI_NORMS[norm](dpfp(t, nu)), x, upstream)
+    got, got_dx = _grads(lambda t: DpfpFunction.apply(t, nu, norm), x, upstream)
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(got_dx, expected_dx, rtol=1e-11, atol=1e-11)
+    phi = feature_map("dpfp", d, nu=nu)
+    assert type(phi.normalized(x.requires_grad_(), False, norm).grad_fn).__name__ == "DpfpFunctionBackward"
+    x = torch.randn(2, 4, d, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: DpfpFunction.apply(t, nu, norm), (x,))

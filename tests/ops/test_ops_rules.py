@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z
-from fw_fairseq.ops.rules import Z_EPS
+from fw_fairseq.ops.z_column import Z_EPS
 from rule_runner import make_alpha
 
 
@@ -56,3 +56,20 @@ def test_z_column_normalises_the_sum_rule(make_inputs):
     scores = (q @ k.transpose(-1, -2)).tril()  # [B, H, T, T], s <= t
     expected = (scores @ v) / (scores.sum(-1, keepdim=True) + Z_EPS)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_divide_by_z_has_its_own_backward_equal_to_autograds():
+    """divide_by_z's hand-written backward (z_column.py) = autograd of the plain slice-and-divide (float64),
+    for a strided read and a strided upstream gradient."""
+    from fw_fairseq.ops import divide_by_z
+
+    g = torch.Generator().manual_seed(3)
+    o = (torch.rand(2, 3, 6, 5, generator=g, dtype=torch.float64) + 0.1).transpose(1, 2).requires_grad_()
+    upstream = torch.randn(2, 6, 4, 3, generator=g, dtype=torch.float64).transpose(-1, -2)  # [2, 6, 3, 4]
+    y = divide_by_z(o)
+    assert type(y.grad_fn).__name__ == "DivideByZBackward"
+    expected = o[..., :-1] / (o[..., -1:] + Z_EPS)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(y, o, upstream)[0], torch.autograd.grad(expected, o, upstream)[0],
+                               rtol=1e-13, atol=1e-13)
+    assert torch.autograd.gradcheck(divide_by_z, (o.detach()[:1, :2].clone().requires_grad_(),))
