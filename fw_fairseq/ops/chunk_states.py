@@ -1,5 +1,12 @@
-"""The per-chunk states that ChunkedSum and ChunkedDelta keep for their backward passes."""
+"""The per-chunk results that ChunkedSum and ChunkedDelta collect in their loops, and the per-chunk states
+they keep for their backward passes."""
 import torch
+
+
+def stack_chunks(xs):
+    """Per-chunk tensors [BH, ...] -> [BH, N, ...]. One chunk (a sentence of at most 64 positions, most of a
+    translation batch) is a view: stacking it would copy it, which cost as much as one of its matmuls."""
+    return xs[0].unsqueeze(1) if len(xs) == 1 else torch.stack(xs, 1)
 
 
 def stack_chunk_states(states, like):
@@ -9,4 +16,4 @@ def stack_chunk_states(states, like):
         return None
     BH, E, M = next(S for S in states if S is not None).shape
     zero = like.new_zeros(BH, E, M)
-    return torch.stack([zero if S is None else S for S in states], 1)
+    return stack_chunks([zero if S is None else S for S in states])

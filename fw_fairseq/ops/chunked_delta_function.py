@@ -34,7 +34,7 @@ scores and one state per chunk — O(N E M + T (E + M + C)) per head.
 import torch
 
 from .chunk_gates import ChunkGates, gated_backward_terms
-from .chunk_states import stack_chunk_states
+from .chunk_states import stack_chunk_states, stack_chunks
 from .guards import first_order
 
 _INVERSE_BLOCK = 8  # diagonal blocks solved directly; 8 was fastest for C = 32 and 64 on a CPU (vs 4, 16, 32)
@@ -119,9 +119,9 @@ class ChunkedDelta(torch.autograd.Function):
                 if S is not None and gates is not None:
                     S = S * gates.chunk[:, n]
                 S = torch.bmm(write, u) if S is None else torch.baddbmm(S, write, u)
-        o = None if Q is None else torch.stack(outs, 1)  # [BH, N, C, M]
+        o = None if Q is None else stack_chunks(outs)  # [BH, N, C, M]
         if save_for_backward:
-            u, r = torch.stack(us, 1), torch.stack(rs, 1)  # [BH, N, C, M]
+            u, r = stack_chunks(us), stack_chunks(rs)  # [BH, N, C, M]
             # states [BH, N, E, M]
             ctx.save_for_backward(Q, K, beta, g, X, T, u, r, P, stack_chunk_states(states, K))
             ctx.has_S0 = S0 is not None
@@ -171,7 +171,7 @@ class ChunkedDelta(torch.autograd.Function):
             read_t = K_read[:, n].transpose(1, 2)  # [BH, E, C]
             Gn = torch.bmm(read_t, dr).neg_() if carried is None else torch.baddbmm(carried, read_t, dr, alpha=-1)
         dS0 = Gn if ctx.has_S0 else None
-        du, dr = (torch.stack(x[::-1], 1) for x in (dus, drs))  # [BH, N, C, M]
+        du, dr = (stack_chunks(x[::-1]) for x in (dus, drs))  # [BH, N, C, M]
         grad_after = stack_chunk_states(grads_after[::-1], K)  # [BH, N, E, M], None when all are zero
         du_, dr_ = du.view(BHN, C, M), dr.view(BHN, C, M)
         states_t = None if states is None else states.view(BHN, E, M).transpose(1, 2)  # [BHN, M, E]

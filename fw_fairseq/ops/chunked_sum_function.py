@@ -15,7 +15,7 @@ views, and the loops over chunks read strided [BH, E, M] slices (no in-place mat
 """
 import torch
 
-from .chunk_states import stack_chunk_states
+from .chunk_states import stack_chunk_states, stack_chunks
 from .guards import first_order
 
 
@@ -45,7 +45,7 @@ class ChunkedSum(torch.autograd.Function):
             ctx.save_for_backward(Q, K, V, P, stack_chunk_states(states, K))  # states [BH, N, E, M]
             ctx.has_S0 = S0 is not None
             ctx.set_materialize_grads(False)
-        return torch.stack(outs, 1), (S if need_final else None)
+        return stack_chunks(outs), (S if need_final else None)
 
     @staticmethod
     @first_order  # not itself differentiable: double backward fails loudly; autocast off

@@ -117,7 +117,10 @@ def _chunked_delta(Q: Optional[Tensor], K: Tensor, V: Tensor, beta: Tensor, g: O
     any (the last six when save)]."""
     ctx = _Context()
     o, S = ChunkedDelta.forward(ctx, Q, K, V, beta, g, S0, need_final, save)
-    return _present([o, S, *ctx.saved_tensors[4:]])  # saved: Q, K, beta, g (the inputs), X, T, u, r, P, states
+    saved = list(ctx.saved_tensors[4:])  # saved: Q, K, beta, g (the inputs), X, T, u, r, P, states
+    if saved and S0 is None and K.shape[1] == 1:
+        saved[3] = saved[3].clone()  # one chunk from a zero state: r = V - K S is V itself, which no op may return
+    return _present([o, S, *saved])
 
 
 _chunked_delta_op = _custom_op("chunked_delta", _chunked_delta)
