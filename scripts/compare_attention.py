@@ -86,6 +86,7 @@ CONFIGS = {
                                            "--fw-delta-norm", "l2", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
+    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", *CONV3]),
     "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
                                               *CONV3]),
 }

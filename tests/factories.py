@@ -88,3 +88,23 @@ def decode_step_by_step(model, tokens, encoder_out=None, incremental_state=None)
         logits, _ = model.decoder(tokens[:, : t + 1], incremental_state=state, **kwargs)
         steps.append(logits)
     return torch.cat(steps, dim=1)
+
+
+def block_pair(embed_dim, num_heads, with_option, without, prefix, **block_kwargs):
+    """The same FastWeightAttention block (float64, eval) built with an option (FastWeightConfig
+    `with_option`) and without it (`without`), sharing every weight but the option's own (state dict
+    keys starting with `prefix`), the output projections the identity, so that each returns what goes into
+    it: (with, without)."""
+    from fw_fairseq.modules import FastWeightAttention
+
+    blocks = []
+    for config in (with_option, without):
+        torch.manual_seed(0)
+        blocks.append(FastWeightAttention(embed_dim, num_heads, config, **block_kwargs).double().eval())
+    optioned, plain = blocks
+    plain.load_state_dict({k: v for k, v in optioned.state_dict().items() if not k.startswith(prefix)})
+    with torch.no_grad():
+        for block in blocks:
+            block.out_proj.weight.copy_(torch.eye(embed_dim, dtype=torch.float64))
+            block.out_proj.bias.zero_()
+    return optioned, plain

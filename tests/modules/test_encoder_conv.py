@@ -3,8 +3,8 @@ over its values, padded positions read as 0; no other block has one, and width 0
 import pytest
 import torch
 
-from factories import build_model
-from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
+from factories import block_pair, build_model
+from fw_fairseq.modules import FastWeightConfig
 
 C, H = 12, 2  # d_key 6
 
@@ -12,18 +12,8 @@ C, H = 12, 2  # d_key 6
 def pair(width):
     """The encoder block with --fw-encoder-conv width and without, sharing every other weight, the output
     projections the identity: (convolved, plain)."""
-    blocks = []
-    for conv in (width, 0):
-        torch.manual_seed(0)
-        config = FastWeightConfig("dpfp", "sum", 2, 8, frozenset(), encoder_conv=conv)
-        blocks.append(FastWeightAttention(C, H, config, causal=False).double().eval())
-    convolved, plain = blocks
-    plain.load_state_dict({k: v for k, v in convolved.state_dict().items() if not k.startswith("encoder_conv.")})
-    with torch.no_grad():
-        for block in blocks:
-            block.out_proj.weight.copy_(torch.eye(C, dtype=torch.float64))
-            block.out_proj.bias.zero_()
-    return convolved, plain
+    configs = [FastWeightConfig("dpfp", "sum", 2, 8, frozenset(), encoder_conv=conv) for conv in (width, 0)]
+    return block_pair(C, H, *configs, "encoder_conv.", causal=False)
 
 
 @pytest.mark.parametrize("width", [3, 5])

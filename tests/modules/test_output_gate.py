@@ -4,8 +4,8 @@ and in every decoding cache; without the flag the block has no gate parameters."
 import pytest
 import torch
 
-from factories import build_model, decode_step_by_step, random_tokens
-from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
+from factories import block_pair, build_model, decode_step_by_step, random_tokens
+from fw_fairseq.modules import FastWeightConfig
 
 C, H = 12, 2  # d_key 6
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
@@ -15,17 +15,10 @@ PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
 def pair(path, rule, kind):
     """The same block with the output gate `kind` and without, the output projections the identity, so that
     each returns its read: (gated, plain)."""
-    blocks = []
-    for gate in (kind, "none"):
-        torch.manual_seed(0)
-        config = FastWeightConfig("dpfp", rule, 2, 8, frozenset(), delta_norm="l2", output_gate=gate)
-        blocks.append(FastWeightAttention(C, H, config, **PATHS[path]).double().eval())
-    gated, plain = blocks
-    plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("output_gate.")})
+    configs = [FastWeightConfig("dpfp", rule, 2, 8, frozenset(), delta_norm="l2", output_gate=gate)
+               for gate in (kind, "none")]
+    gated, plain = block_pair(C, H, *configs, "output_gate.", **PATHS[path])
     with torch.no_grad():
-        for block in blocks:
-            block.out_proj.weight.copy_(torch.eye(C, dtype=torch.float64))
-            block.out_proj.bias.zero_()
         gated.output_gate.proj.weight.normal_()  # far from its init, so that the gates differ
         gated.output_gate.proj.bias.normal_()
     return gated, plain
