@@ -50,7 +50,8 @@ CONFIGS = {
                                   "--fw-delta-norm", "l2", *NO_CONV]),
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                     "--fw-delta-norm", "l2", *NO_CONV]),
-    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", *NO_CONV]),
+    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
+                           *NO_CONV]),
     # FAVOR+ with the random features drawn once, not every training forward (the paper)
     "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
                                  *NO_CONV]),
@@ -86,7 +87,10 @@ CONFIGS = {
                                            "--fw-delta-norm", "l2", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
-    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", *CONV3]),
+    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
+                                  *CONV3]),
+    "favor-sum-fixed-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw",
+                                        "never", *CONV3]),
     "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
                                               *CONV3]),
 }

@@ -8,7 +8,8 @@ The demo runs the same pipeline as the WMT14 scripts, end to end:
   2. subwords sacremoses tokenisation (format placeholders such as %s kept whole) + joint BPE
               (subword-nmt), fairseq-preprocess
   3. train    fairseq-train --user-dir fw_fairseq, the same fixed number of updates per model:
-              softmax (standard Transformer), DPFP sum rule, DPFP delta rule (decoder)
+              softmax (standard Transformer), DPFP sum rule, DPFP delta rule (decoder), the
+              fast-weight ones with the encoder's convolution (the default)
   4. score    fairseq-generate (beam 4), detokenise, sacrebleu on the held-out test split
 
 A fixed number of updates, not a time budget: a slow or busy machine takes longer and prints the
@@ -31,7 +32,7 @@ import compare_attention  # noqa: E402
 import compare_report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = ("softmax", "dpfp2-sum", "dpfp2-delta-dec-l2")
+MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-l2-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
 STEPS = 4
 
 

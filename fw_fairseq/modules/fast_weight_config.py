@@ -55,9 +55,10 @@ def add_fast_weight_args(parser):
                        help="DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)")
     group.add_argument("--fw-favor-features", type=positive_int("--fw-favor-features"),
                        metavar="M", help="FAVOR+ random features m (d_dot = 2m)")
-    group.add_argument("--fw-favor-redraw", choices=FAVOR_REDRAWS,
+    group.add_argument("--fw-favor-redraw", choices=FAVOR_REDRAWS, default=None,  # None: as --fw-delta-norm
                        help="FAVOR+'s random features in training: batch draws new ones every forward (the "
-                            "paper, the default), never keeps those drawn at initialisation; eval never redraws")
+                            "paper; the default for language models), never keeps those drawn at initialisation "
+                            "(the default for translation); eval never redraws")
     group.add_argument("--fw-output-gate", type=parse_output_gate, metavar="{none,channel,head}[:LIST]",
                        help="none: the read goes to the output projection as it is (the paper); channel "
                             "or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, "
@@ -74,8 +75,8 @@ def add_fast_weight_args(parser):
                             "the others stay softmax attention")
 
 
-def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2,
-                             favor_features=128, places="all", beta_max=1, delta_norm="l2", encoder_conv=3):
+def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_nu=2, favor_features=128,
+                             places="all", beta_max=1, delta_norm="l2", encoder_conv=3, favor_redraw="batch"):
     """Architecture defaults; command-line values win (fairseq's getattr convention). The per-block
     rules stay None (they follow --fw-update-rule) so that a record of them is written only when set.
 
@@ -84,6 +85,7 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
     (results/compare_attention).
     The parser always gives fw_delta_norm an attribute (None when not given); args saved in a
     checkpoint from before --fw-delta-norm existed have none, and were trained with sum normalisation.
+    Likewise --fw-favor-redraw (before it, batch) and --fw-encoder-conv (before it, 0).
     """
     for place in PLACES:
         setattr(args, f"fw_{place}_rule", getattr(args, f"fw_{place}_rule", None))
@@ -100,7 +102,9 @@ def set_fast_weight_defaults(args, feature_map="dpfp", update_rule="sum", dpfp_n
     args.fw_update_rule = getattr(args, "fw_update_rule", None) or update_rule
     args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or dpfp_nu
     args.fw_favor_features = getattr(args, "fw_favor_features", None) or favor_features
-    args.fw_favor_redraw = getattr(args, "fw_favor_redraw", None) or "batch"
+    if not hasattr(args, "fw_favor_redraw"):
+        args.fw_favor_redraw = "batch"
+    args.fw_favor_redraw = args.fw_favor_redraw or favor_redraw
     args.fw_delta_beta_max = getattr(args, "fw_delta_beta_max", None) or beta_max
     args.fw_output_gate = getattr(args, "fw_output_gate", None) or "none"
     if getattr(args, "fw_attention", None) is None:

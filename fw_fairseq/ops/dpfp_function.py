@@ -12,9 +12,9 @@ forward and backward over [..., 2 d nu] took as long as the rest of a DPFP-2 att
               dx = dr[:d] [x > 0] - dr[d:] [x < 0] (relu's gradient at 0 is 0, as autograd's).
 
 Only r_ext is saved ([..., 2d + nu], never phi; normalised, also y and the norms). First order only
-(guards.first_order), like the fast weight ops. While torch.compile traces, feature_maps.Dpfp calls the plain dpfp instead, which inductor
-fuses by itself; when autograd records nothing, dpfp_forward alone (an autograd.Function's call
-costs about 5 us, a fifth of a decoding step's map).
+(guards.first_order), like the fast weight ops. While torch.compile traces, feature_maps.Dpfp calls the
+plain dpfp instead, which inductor fuses by itself; when autograd records nothing, dpfp_forward alone
+(an autograd.Function's call costs about 5 us, a fifth of a decoding step's map).
 
 On the CPU, float32 and float64 run the compiled cpu/dpfp.cpp (fw_fairseq._cpu) where it was built:
 the same sums, a row at a time, in one pass over the input and the output each way, and only x is

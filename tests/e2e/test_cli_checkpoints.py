@@ -85,7 +85,8 @@ def test_shape_errors_stop_at_argument_parsing(data_bin, tmp_path, flags, refusa
 def test_ema_copies_favor_projections_instead_of_averaging_them(data_bin, tmp_path):
     """--store-ema averages the weights; a FAVOR+ projection is a random draw (redrawn at every
     step), so the EMA model keeps the model's current draw."""
-    train(data_bin, tmp_path, ["--fw-feature-map", "favor", "--store-ema", "--ema-decay", "0.5"],
+    train(data_bin, tmp_path,
+          ["--fw-feature-map", "favor", "--fw-favor-redraw", "batch", "--store-ema", "--ema-decay", "0.5"],
           "--max-update", 3)
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
     model, ema = state["model"], state["extra_state"]["ema"]
