@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fw_fairseq.ops.guards import first_order
+
 
 class DepthwiseConv(torch.autograd.Function):
     """o [S, B, C] = b + sum_j w[:, j] * v[t + j - K // 2], zero outside [0, S): v [S, B, C], w [C, K], b [C].
@@ -34,6 +36,7 @@ class DepthwiseConv(torch.autograd.Function):
         return o
 
     @staticmethod
+    @first_order  # its saved vp carries no graph to v: a second order would be silently wrong
     def backward(ctx, grad):
         vp, w = ctx.saved_tensors
         S, K = grad.shape[0], w.shape[1]

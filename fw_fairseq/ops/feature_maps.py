@@ -164,6 +164,11 @@ class EluPlusOne(FeatureMap):
         return elu_plus_one(x)
 
 
+def _normalized_dpfp(x, nu, norm):
+    """PHI_NORMS[norm](dpfp(x, nu)) as plain ops: the formula DpfpFunction with a norm computes."""
+    return PHI_NORMS[norm](dpfp(x, nu))
+
+
 class Dpfp(FeatureMap):
     """DPFP-nu (paper Eq. 37), E = 2 d_key nu; nu is checked here, when the map is built."""
 
@@ -185,7 +190,7 @@ class Dpfp(FeatureMap):
     def normalized(self, x, is_query, kind):
         # the map and its normalisation as one Function (one pass each way on the CPU kernel), as the map
         # alone takes its forms
-        return _eager_form(DpfpFunction, lambda t, nu, norm: PHI_NORMS[norm](dpfp(t, nu)), dpfp_forward, x, self.nu, kind)
+        return _eager_form(DpfpFunction, _normalized_dpfp, dpfp_forward, x, self.nu, kind)
 
     # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
     # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).

@@ -52,3 +52,5 @@ def test_the_convolution_is_torchs_depthwise_conv1d_and_its_gradients_check(widt
     expected = torch.nn.functional.conv1d(v.permute(1, 2, 0), w[:, None], b, padding=width // 2, groups=4)
     torch.testing.assert_close(DepthwiseConv.apply(v, w, b), expected.permute(2, 0, 1), rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(DepthwiseConv.apply, (v, w, b))
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(DepthwiseConv.apply(v, w, b).sum(), v, create_graph=True)
