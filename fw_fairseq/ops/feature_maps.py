@@ -14,7 +14,7 @@ from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
-from .guards import records
+from .guards import hand_written_backward, records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
 from .step import fused_lazy_step
 
@@ -81,11 +81,9 @@ def _eager_form(function, plain, alone, x, *args):
     - eagerly where autograd records x, `function`.apply: the hand-written backward;
     - eagerly where it does not (generation, validation), `alone`(x, *args), the forward without the
       Function's call (about 5 us: a fifth of a decoding step's map)."""
-    if torch.compiler.is_compiling():
-        return plain(x, *args)
-    if records(x):
+    if hand_written_backward(x):
         return function.apply(x, *args)
-    return alone(x, *args)
+    return plain(x, *args) if torch.compiler.is_compiling() else alone(x, *args)
 
 
 def _differentiable(*tensors):

@@ -34,6 +34,13 @@ def records(*tensors):
     return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors)
 
 
+def hand_written_backward(*tensors):
+    """Whether a Function with a hand-written backward runs for these tensors: eagerly, where autograd
+    records one of them; while torch.compile traces, the plain formula runs instead (the compiler
+    differentiates and fuses it itself), and where nothing is recorded no Function is needed."""
+    return records(*tensors) and not torch.compiler.is_compiling()
+
+
 def autocast_off(fn):
     """Runs fn with autocast off on every device where the caller has it on (no cost when it is off)."""
 
