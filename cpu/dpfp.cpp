@@ -23,91 +23,15 @@
 
 namespace {
 
-using fw::relu_pair;
+using fw::backward_rows;
+using fw::forward_rows;
+using fw::kL2;
+using fw::kNone;
+using fw::kSum;
 using fw::scores_rows;
 
 constexpr int64_t kGrain = 64;  // rows per parallel task
 
-
-// phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
-// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, in the same pass
-using fw::kNone;
-using fw::kSum;
-using fw::kL2;
-
-// phi [w nu] of one row from its r [w]
-template <typename T>
-inline __attribute__((always_inline)) void phi_row(const T* __restrict__ r, T* __restrict__ p, int64_t w, int64_t nu) {
-  for (int64_t i = 1; i <= nu; ++i, p += w) {
-    for (int64_t j = 0; j < i; ++j) p[j] = r[j] * r[j - i + w];
-    for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
-  }
-}
-
-// the norm of a row of phi [E] (norm kSum or kL2)
-template <typename T>
-inline __attribute__((always_inline)) T row_size(const T* row, int64_t E, int64_t norm) {
-  return norm == kSum ? fw::sum(row, E) : std::sqrt(fw::dot(row, row, E));
-}
-
-template <typename T>
-inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,
-                                                        double eps, int64_t begin, int64_t end) {
-  const int64_t w = 2 * d, E = w * nu;
-  std::vector<T> buffer(w);
-  for (int64_t n = begin; n < end; ++n) {
-    relu_pair(X + n * d, buffer.data(), d);
-    T* __restrict__ row = P + n * E;
-    phi_row(buffer.data(), row, w, nu);
-    if (norm == kNone) continue;
-    const T scale = T(1) / std::max(row_size(row, E, norm), T(eps));
-    for (int64_t e = 0; e < E; ++e) row[e] *= scale;
-  }
-}
-
-// dx of rows [begin, end) from G [rows, w nu] and X [rows, d]. With a norm, G is the gradient of y = phi / c,
-// c = max(size, eps), and the row's phi is formed again for the normalisation's backward first
-// (normalize_function.py): dphi = (g - y (y . g)) / c for l2, (g - (y . g)) / c for sum, and g / c where the
-// size was clamped (c is then the constant eps).
-template <typename T>
-inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X, T* DX, int64_t d, int64_t nu,
-                                                         int64_t norm, double eps, int64_t begin, int64_t end) {
-  const int64_t w = 2 * d, E = w * nu;
-  std::vector<T> r_buffer(w), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
-  const T* __restrict__ r = r_buffer.data();
-  T* __restrict__ dr = dr_buffer.data();
-  for (int64_t n = begin; n < end; ++n) {
-    const T* xn = X + n * d;
-    relu_pair(xn, r_buffer.data(), d);
-    const T* __restrict__ g = G + n * E;
-    if (norm != kNone) {
-      T* __restrict__ phi = phi_buffer.data();
-      T* __restrict__ dphi = dphi_buffer.data();
-      phi_row(r, phi, w, nu);
-      const T size = row_size(phi, E, norm), c = std::max(size, T(eps)), inv = T(1) / c;
-      const T y_dot_g = size > T(eps) ? fw::dot(phi, g, E) * inv : T(0);
-      if (norm == kL2) {
-        const T k = y_dot_g * inv;  // y_e (y . g) = phi_e k
-        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - phi[e] * k) * inv;
-      } else {
-        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - y_dot_g) * inv;
-      }
-      g = dphi;
-    }
-    std::fill(dr_buffer.begin(), dr_buffer.end(), T(0));
-    for (int64_t i = 1; i <= nu; ++i, g += w) {
-      for (int64_t j = 0; j < i; ++j) dr[j] += g[j] * r[j - i + w];
-      for (int64_t j = i; j < w; ++j) dr[j] += g[j] * r[j - i];
-      for (int64_t j = 0; j < w - i; ++j) dr[j] += g[j + i] * r[j + i];
-      for (int64_t j = w - i; j < w; ++j) dr[j] += g[j + i - w] * r[j + i - w];
-    }
-    T* dxn = DX + n * d;
-    for (int64_t k = 0; k < d; ++k) {
-      const T v = xn[k];
-      dxn[k] = v > T(0) ? dr[k] : (v < T(0) ? -dr[k + d] : T(0));
-    }
-  }
-}
 
 template <typename T>
 inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T* S, int64_t R, int64_t t,

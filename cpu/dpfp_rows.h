@@ -1,12 +1,13 @@
-// DPFP's per-row pieces shared by dpfp.cpp and lazy_step.cpp: r = [relu(x), relu(-x)] and the scores of
-// rows against phi of raw keys, phi formed a few keys at a time and never stored; and the scores against a
-// cache of features (the other maps' lazy step).
+// DPFP's per-row pieces shared by dpfp.cpp, dpfp_attend.cpp and lazy_step.cpp: r = [relu(x), relu(-x)], phi of
+// rows and its backward (normalised if asked), the scores of rows against phi of raw keys (phi formed a few keys
+// at a time and never stored), and the scores against a cache of features (the other maps' lazy step).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "dot.h"
 
@@ -47,6 +48,82 @@ inline __attribute__((always_inline)) T phi_size(const T* x, int64_t d, int64_t 
   return norm == kL2 ? std::sqrt(total) : total;
 }
 
+// phi [w nu] of one row from its r [w]
+template <typename T>
+inline __attribute__((always_inline)) void phi_row(const T* __restrict__ r, T* __restrict__ p, int64_t w, int64_t nu) {
+  for (int64_t i = 1; i <= nu; ++i, p += w) {
+    for (int64_t j = 0; j < i; ++j) p[j] = r[j] * r[j - i + w];
+    for (int64_t j = i; j < w; ++j) p[j] = r[j] * r[j - i];
+  }
+}
+
+// the norm of a row of phi [E] (norm kSum or kL2)
+template <typename T>
+inline __attribute__((always_inline)) T row_size(const T* row, int64_t E, int64_t norm) {
+  return norm == kSum ? sum(row, E) : std::sqrt(dot(row, row, E));
+}
+
+// phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
+// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, in the same pass
+template <typename T>
+inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,
+                                                        double eps, int64_t begin, int64_t end) {
+  const int64_t w = 2 * d, E = w * nu;
+  std::vector<T> buffer(w);
+  for (int64_t n = begin; n < end; ++n) {
+    relu_pair(X + n * d, buffer.data(), d);
+    T* __restrict__ row = P + n * E;
+    phi_row(buffer.data(), row, w, nu);
+    if (norm == kNone) continue;
+    const T scale = T(1) / std::max(row_size(row, E, norm), T(eps));
+    for (int64_t e = 0; e < E; ++e) row[e] *= scale;
+  }
+}
+
+// dx of rows [begin, end) from G [rows, w nu] and X [rows, d]. With a norm, G is the gradient of y = phi / c,
+// c = max(size, eps), and the row's phi is formed again for the normalisation's backward first
+// (normalize_function.py): dphi = (g - y (y . g)) / c for l2, (g - (y . g)) / c for sum, and g / c where the
+// size was clamped (c is then the constant eps).
+template <typename T>
+inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X, T* DX, int64_t d, int64_t nu,
+                                                         int64_t norm, double eps, int64_t begin, int64_t end) {
+  const int64_t w = 2 * d, E = w * nu;
+  std::vector<T> r_buffer(w), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
+  const T* __restrict__ r = r_buffer.data();
+  T* __restrict__ dr = dr_buffer.data();
+  for (int64_t n = begin; n < end; ++n) {
+    const T* xn = X + n * d;
+    relu_pair(xn, r_buffer.data(), d);
+    const T* __restrict__ g = G + n * E;
+    if (norm != kNone) {
+      T* __restrict__ phi = phi_buffer.data();
+      T* __restrict__ dphi = dphi_buffer.data();
+      phi_row(r, phi, w, nu);
+      const T size = row_size(phi, E, norm), c = std::max(size, T(eps)), inv = T(1) / c;
+      const T y_dot_g = size > T(eps) ? dot(phi, g, E) * inv : T(0);
+      if (norm == kL2) {
+        const T k = y_dot_g * inv;  // y_e (y . g) = phi_e k
+        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - phi[e] * k) * inv;
+      } else {
+        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - y_dot_g) * inv;
+      }
+      g = dphi;
+    }
+    std::fill(dr_buffer.begin(), dr_buffer.end(), T(0));
+    for (int64_t i = 1; i <= nu; ++i, g += w) {
+      for (int64_t j = 0; j < i; ++j) dr[j] += g[j] * r[j - i + w];
+      for (int64_t j = i; j < w; ++j) dr[j] += g[j] * r[j - i];
+      for (int64_t j = 0; j < w - i; ++j) dr[j] += g[j + i] * r[j + i];
+      for (int64_t j = w - i; j < w; ++j) dr[j] += g[j + i - w] * r[j + i - w];
+    }
+    T* dxn = DX + n * d;
+    for (int64_t k = 0; k < d; ++k) {
+      const T v = xn[k];
+      dxn[k] = v > T(0) ? dr[k] : (v < T(0) ? -dr[k + d] : T(0));
+    }
+  }
+}
+
 // 32 bytes of T (GCC/Clang vector extension): one AVX2 register, two SSE2 ones in the baseline clone
 template <typename T>
 struct Lanes {
@@ -69,7 +146,7 @@ constexpr int64_t kKeys = 4;
 // scratch that scores_rows needs, in T: kKeys rolled rows r_ext = [r[w - nu:], r], w = 2d
 inline int64_t scores_scratch(int64_t d, int64_t nu) { return kKeys * (2 * d + nu); }
 
-// S[q, s0 + k] = the lanes of acc[q][k] summed, plus tail[q][k] (the columns past the last whole vector)
+// S[q, s0 + k] (row stride t) = the lanes of acc[q][k] summed, plus tail[q][k] (the columns past the last whole vector)
 template <typename T, int kRows, int kBlock>
 inline __attribute__((always_inline)) void store_block(const typename Lanes<T>::Vec (&acc)[kRows][kBlock],
                                                        const T (&tail)[kRows][kBlock], T* S, int64_t t, int64_t s0) {
@@ -113,11 +190,11 @@ inline __attribute__((always_inline)) void score_block(const T* const* Q, const 
   store_block<T, kRows, kBlock>(acc, tail, S, t, s0);
 }
 
-// S [kRows, t] of one head for a cache of the features themselves (ELU+1, FAVOR+): rows Q[q] . K_s, E wide,
-// kKeys keys per load of the rows as above
+// S [kRows, t] (row stride `stride`) of one head for a cache of the features themselves (ELU+1, FAVOR+), or of a
+// training batch's features (dpfp_attend.cpp): rows Q[q] . K_s, E wide, kKeys keys per load of the rows as above
 template <typename T, int kRows, int kBlock>
-inline __attribute__((always_inline)) void feature_block(const T* const* Q, const T* K, T* S, int64_t t, int64_t s0,
-                                                         int64_t ks, int64_t E) {
+inline __attribute__((always_inline)) void feature_block(const T* const* Q, const T* K, T* S, int64_t stride,
+                                                         int64_t s0, int64_t ks, int64_t E) {
   using Vec = typename Lanes<T>::Vec;
   constexpr int64_t L = Lanes<T>::kWidth;
   const int64_t vectorised = E / L * L;
@@ -135,15 +212,16 @@ inline __attribute__((always_inline)) void feature_block(const T* const* Q, cons
   for (; j < E; ++j)
     for (int64_t k = 0; k < kBlock; ++k)
       for (int r = 0; r < kRows; ++r) tail[r][k] += Q[r][j] * K[(s0 + k) * ks + j];
-  store_block<T, kRows, kBlock>(acc, tail, S, t, s0);
+  store_block<T, kRows, kBlock>(acc, tail, S, stride, s0);
 }
 
+// the first t columns of S [kRows, stride]
 template <typename T, int kRows>
 inline __attribute__((always_inline)) void feature_scores(const T* const* Q, const T* K, T* S, int64_t t, int64_t ks,
-                                                          int64_t E) {
+                                                          int64_t E, int64_t stride) {
   int64_t s0 = 0;
-  for (; s0 + kKeys <= t; s0 += kKeys) feature_block<T, kRows, kKeys>(Q, K, S, t, s0, ks, E);
-  for (; s0 < t; ++s0) feature_block<T, kRows, 1>(Q, K, S, t, s0, ks, E);
+  for (; s0 + kKeys <= t; s0 += kKeys) feature_block<T, kRows, kKeys>(Q, K, S, stride, s0, ks, E);
+  for (; s0 < t; ++s0) feature_block<T, kRows, 1>(Q, K, S, stride, s0, ks, E);
 }
 
 // S [kRows, t] (row stride t) of one head: rows Q[q] (E = 2 d nu wide) against the t keys at K (key s at

@@ -8,6 +8,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dpfp_backward", &dpfp_backward, "the gradient of x from the gradient of dpfp_forward's output (the same "
         "norm and eps)", py::arg("grad"), py::arg("x"), py::arg("nu"), py::arg("norm") = 0, py::arg("eps") = 1e-6);
   m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
+  m.def("dpfp_attend_forward", &dpfp_attend_forward, "the sum rule's read weights A = mask(dpfp(q) dpfp(k)^T) / s, "
+        "s = row sums + eps, from q [B, H, Tq, d], k [B, H, T, d]: (A [B, H, Tq, T], s [B, H, Tq])", py::arg("q"),
+        py::arg("k"), py::arg("nu"), py::arg("causal"), py::arg("eps"), py::arg("blas") = true);
+  m.def("dpfp_attend_backward", &dpfp_attend_backward, "(dq, dk) from the gradient of dpfp_attend_forward's A",
+        py::arg("grad"), py::arg("weights"), py::arg("sums"), py::arg("q"), py::arg("k"), py::arg("nu"),
+        py::arg("causal"), py::arg("blas") = true);
+  m.def("dpfp_attend_blas", &dpfp_attend_blas, "whether dpfp_attend's products found BLAS (sgemm_, dgemm_)");
   m.def("lazy_step", &lazy_step, "a decoding step of the lazy cache, of DPFP-nu's raw keys or (nu 0) of features: (o, u)", py::arg("phi_q"),
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),

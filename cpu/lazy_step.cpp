@@ -34,9 +34,9 @@ inline __attribute__((always_inline)) void lazy_head(const T* q, const T* k, con
   } else if (nu) {
     fw::scores_rows<T, 1>(rows, K, S, t, ks, d, nu, r_ext);
   } else if (beta) {
-    fw::feature_scores<T, 2>(rows, K, S, t, ks, d);
+    fw::feature_scores<T, 2>(rows, K, S, t, ks, d, t);
   } else {
-    fw::feature_scores<T, 1>(rows, K, S, t, ks, d);
+    fw::feature_scores<T, 1>(rows, K, S, t, ks, d, t);
   }
   T* __restrict__ read_q = past;  // sum_s a_s W_s
   T* __restrict__ read_k = past + M;  // sum_s b_s W_s

@@ -31,8 +31,8 @@ from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
-from fw_fairseq.ops import (RULES, append_z_column, divide_by_z, fast_weight_attend,
-                            feature_map)
+from fw_fairseq.ops import (RULES, SUM_CHUNK_SIZE, append_z_column, divide_by_z, fast_weight_attend,
+                            feature_map, short_order)
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -161,10 +161,23 @@ class FastWeightAttention(nn.Module):
                        for name, x in zip(self.rule.scalars, scalars)]
         return Writes(phi_k, v, tuple(scalars), keys)
 
+    def _sum_read(self, q_heads: Tensor, projected: Projected, key_padding_mask: Optional[Tensor],
+                  dtype: torch.dtype) -> Optional[Tensor]:
+        """Training's and validation's read where the rule reads through the z column in the order (q k^T) v
+        (non-causal: where ops.short_order says so, as fast_weight_attend decides; causal: one chunk of chunked_sum)
+        and the feature map computes that read from the raw heads in one op (FeatureMap.sum_read: DPFP on the CPU
+        kernel): y [B, H, T, D], the z column divided out. None elsewhere: phi is formed and the rule runs."""
+        if not self.rule.z_column:
+            return None
+        keys, v = self._heads(projected.k, dtype), self._heads(projected.v, dtype)  # [B, H, S, D]
+        causal = self.path == CAUSAL
+        Tq, T = q_heads.shape[2], keys.shape[2]
+        if not (T <= SUM_CHUNK_SIZE if causal else short_order(Tq, T, self.phi.out_dim, v.shape[-1] + 1)):
+            return None
+        return self.phi.sum_read(q_heads, keys, v, key_padding_mask, causal)
+
     def _merge(self, o: Tensor) -> Tensor:
-        """[B, H, T, D(+1)] read-out -> [T, B, C], through the z column where the rule has one."""
-        if self.rule.z_column:
-            o = divide_by_z(o)  # [B, H, T, D]
+        """[B, H, T, D] read-out -> [T, B, C]."""
         bsz, _, length, _ = o.shape
         return o.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)  # [T, B, C]
 
@@ -207,16 +220,21 @@ class FastWeightAttention(nn.Module):
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
         dtype = torch.float32 if q.dtype in _HALF else q.dtype
         with _without_autocast(query.device.type):
-            phi_q = self._features(self._heads(q, dtype), is_query=True)  # [B, H, T, E]
-            writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
-            if cached:
-                o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
-            elif self.path == CAUSAL:
-                o = self._causal(phi_q, writes, buffer, incremental_state)
-            else:
-                # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
-                # may pick (q k^T) v for short sequences
-                o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
+            q_heads = self._heads(q, dtype)  # [B, H, T, D]
+            o = self._sum_read(q_heads, projected, key_padding_mask, dtype) if buffer is None else None
+            if o is None:
+                phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
+                writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
+                if cached:
+                    o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
+                elif self.path == CAUSAL:
+                    o = self._causal(phi_q, writes, buffer, incremental_state)
+                else:
+                    # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
+                    # may pick (q k^T) v for short sequences
+                    o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
+                if self.rule.z_column:
+                    o = divide_by_z(o)  # [B, H, T, D]
             o = self._merge(o).to(q.dtype)  # [T, B, C]
         if self.encoder_conv is not None:  # only on the encoder path, where query, key and value are one x
             o = o + self.encoder_conv(projected.v, key_padding_mask)

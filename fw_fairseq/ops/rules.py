@@ -107,11 +107,17 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     q, k, v = (x.to(dtype) for x in (q, k, v))
     scalars = {name: x.to(dtype) for name, x in zip(scalars, scalar_list)}
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
-    if Tq * T * (E + M) < (Tq + T) * E * M and (rule is SUM or not records(q, k, v, *scalar_list)):
+    if short_order(Tq, T, E, M) and (rule is SUM or not records(q, k, v, *scalar_list)):
         dtype = state_dtype(dtype)
         k = k.to(dtype)
         return attend_short(q.to(dtype), k, effective_writes(k, v.to(dtype), *(x.to(dtype) for x in scalar_list)))
     return fast_weight_read(q, memory(rule, "fast_weight_attend", k, v, scalars))
+
+
+def short_order(Tq, T, E, M):
+    """Whether a non-causal read of Tq queries from T written positions (E-wide keys, M-wide values) costs fewer
+    multiply-adds as (q k^T) U than as q W through the [E, M] memory: fast_weight_attend's choice of order."""
+    return Tq * T * (E + M) < (Tq + T) * E * M
 
 
 def _sum_memory(k, v):
