@@ -1,15 +1,19 @@
-// The sum rule's read in the short order with DPFP-nu features, from the raw heads (fw_fairseq/ops/dpfp_attend.py).
+// The products of DPFP-nu features that a short sequence's read takes, from the raw heads (fw_fairseq/ops/dpfp_attend.py).
 //
-// Per head: P = mask(phi(q) phi(k)^T) [Tq, T] (mask: s <= t where causal), s_t = sum_s P_ts + eps and A = P / s,
-// so that A v = W^T phi(q) / (z . phi(q) + eps), the sum rule's normalised read (z = sum_s phi(k_s)).
-// Backward from dA [Tq, T]: dP_ts = (dA_ts - sum_r dA_tr A_tr) / s_t (0 where masked), dphi(q) = dP phi(k),
-// dphi(k) = dP^T phi(q), then DPFP's backward a row at a time (dpfp_rows.h).
+// Kind kRead, the sum rule's read: per head, P = mask(phi(q) phi(k)^T) [Tq, T] (mask: s <= t where causal),
+// s_t = sum_s P_ts + eps and A = P / s, so that A v = W^T phi(q) / (z . phi(q) + eps) (z = sum_s phi(k_s)).
+// Backward from dA [Tq, T]: dP_ts = (dA_ts - sum_r dA_tr A_tr) / s_t (0 where masked).
+// Kind kGram, the delta rule's one chunk (README §2): [P; X] [2T, T], P = phi(q) phi(k)^T for s <= t and
+// X = phi(k) phi(k)^T for s < t, phi normalised by `norm` (--fw-delta-norm). Backward from [dP; dX].
+// Then dphi(q) = dP phi(k), dphi(k) = dP^T phi(q) (+ (dX + dX^T) phi(k)), and DPFP's backward (with the
+// normalisation's) a row at a time (dpfp_rows.h).
 // phi of a head's queries and keys ([Tq + T, 2 d nu]) lives in a per-task buffer that stays in cache, never in a
 // [B, H, T, 2 d nu] tensor: on a training batch the map's passes over those tensors and their gradients cost as
 // much as the products themselves (fw_fairseq/ops/README.md §12). The products call BLAS (sgemm_/dgemm_) where the
 // loaded torch exports it (its x86-64 builds carry MKL, 2-3 times faster here than the AVX2 loops below on a CPU
 // with AVX-512), else the register-blocked loops; `blas` false takes the loops anyway (the tests run both).
-// Inputs: q [B, H, Tq, d], k [B, H, T, d] (made contiguous), float32 or float64; causal needs Tq = T.
+// Inputs: q [B, H, Tq, d], k [B, H, T, d] in any layout whose d is contiguous, float32 or float64; key_padding_mask
+// [B, T] (optional, true at padding) reads those keys as zeros; causal (and kGram) needs Tq = T.
 #include "kernels.h"
 #include "dot.h"
 #include "dpfp_rows.h"
@@ -46,101 +50,147 @@ inline void gemm(char ta, char tb, int m, int n, int k, const double* A, int lda
   dgemm_(&ta, &tb, &m, &n, &k, &one, A, &lda, B, &ldb, &zero, C, &ldc);
 }
 
-// out [kRows, E] (row stride E) = sum_{i in [i0, i1)} C[r cr + i ci] X[i] for the kRows rows r, X [n, E]: the
-// products dP phi(k) (cr = T, ci = 1) and dP^T phi(q) (cr = 1, ci = T). E is taken in tiles of kTile vectors whose
-// kRows x kTile partial sums stay in registers while the X rows stream through (8 of AVX2's 16 at kRows = 4).
+// Row-major products of a head's buffers, through BLAS (column-major: a row-major X [r, c] is the column-major X^T)
+// or through the loops below.
+
+// C [m, n] = A [m, k] B [n, k]^T: BLAS, or dpfp_rows.h's feature_scores two rows of A at a time
+template <typename T>
+inline __attribute__((always_inline)) void mm_abt(int64_t m, int64_t n, int64_t k, const T* A, const T* B, T* C,
+                                                  bool blas) {
+  if (blas) return gemm('T', 'N', n, m, k, B, k, A, k, C, n);
+  int64_t r = 0;
+  for (; r + 2 <= m; r += 2) {
+    const T* rows[2] = {A + r * k, A + (r + 1) * k};
+    fw::feature_scores<T, 2>(rows, B, C + r * n, n, k, k, n);
+  }
+  if (r < m) {
+    const T* rows[1] = {A + r * k};
+    fw::feature_scores<T, 1>(rows, B, C + r * n, n, k, k, n);
+  }
+}
+
+// out [kRows, n] = A [kRows, k] B [k, n] (A's rows at stride k): n is taken in tiles of kTile vectors whose
+// kRows x kTile partial sums stay in registers while B's rows stream through (8 of AVX2's 16 at kRows = 4)
 constexpr int kTile = 2;
 
 template <typename T, int kRows>
-inline __attribute__((always_inline)) void weighted_rows(const T* C, int64_t cr, int64_t ci, int64_t i0, int64_t i1,
-                                                         const T* X, int64_t E, T* out) {
+inline __attribute__((always_inline)) void weighted_rows(const T* A, int64_t k, const T* B, int64_t n, T* out) {
   using Vec = typename fw::Lanes<T>::Vec;
   constexpr int64_t L = fw::Lanes<T>::kWidth, W = L * kTile;
   int64_t j = 0;
-  for (; j + W <= E; j += W) {
+  for (; j + W <= n; j += W) {
     Vec acc[kRows][kTile] = {};
-    for (int64_t i = i0; i < i1; ++i) {
-      Vec x[kTile];
-      for (int v = 0; v < kTile; ++v) x[v] = fw::load(X + i * E + j + v * L);
+    for (int64_t i = 0; i < k; ++i) {
+      Vec b[kTile];
+      for (int v = 0; v < kTile; ++v) b[v] = fw::load(B + i * n + j + v * L);
       for (int r = 0; r < kRows; ++r) {
-        const T c = C[r * cr + i * ci];
-        for (int v = 0; v < kTile; ++v) acc[r][v] += c * x[v];
+        const T a = A[r * k + i];
+        for (int v = 0; v < kTile; ++v) acc[r][v] += a * b[v];
       }
     }
     for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < kTile; ++v) std::memcpy(out + r * E + j + v * L, &acc[r][v], sizeof(Vec));
+      for (int v = 0; v < kTile; ++v) std::memcpy(out + r * n + j + v * L, &acc[r][v], sizeof(Vec));
   }
-  for (; j < E; ++j)  // the columns past the last whole tile
+  for (; j < n; ++j)  // the columns past the last whole tile
     for (int r = 0; r < kRows; ++r) {
       T total = T(0);
-      for (int64_t i = i0; i < i1; ++i) total += C[r * cr + i * ci] * X[i * E + j];
-      out[r * E + j] = total;
+      for (int64_t i = 0; i < k; ++i) total += A[r * k + i] * B[i * n + j];
+      out[r * n + j] = total;
     }
 }
 
-// weighted_rows for n rows, kRows at a time; row r sums over [lo(r0), hi(r0 + block)) (causal ranges)
-template <typename T, typename Lo, typename Hi>
-inline __attribute__((always_inline)) void weighted(const T* C, int64_t cr, int64_t ci, int64_t n, Lo lo, Hi hi,
-                                                    const T* X, int64_t E, T* out) {
+// C [m, n] = A [m, k] B [k, n]: BLAS, or weighted_rows four rows of A at a time
+template <typename T>
+inline __attribute__((always_inline)) void mm_ab(int64_t m, int64_t n, int64_t k, const T* A, const T* B, T* C,
+                                                 bool blas) {
+  if (blas) return gemm('N', 'N', n, m, k, B, n, A, k, C, n);
   constexpr int kRows = 4;
   int64_t r = 0;
-  for (; r + kRows <= n; r += kRows)
-    weighted_rows<T, kRows>(C + r * cr, cr, ci, lo(r), hi(r + kRows), X, E, out + r * E);
-  for (; r < n; ++r) weighted_rows<T, 1>(C + r * cr, cr, ci, lo(r), hi(r + 1), X, E, out + r * E);
+  for (; r + kRows <= m; r += kRows) weighted_rows<T, kRows>(A + r * k, k, B, n, C + r * n);
+  for (; r < m; ++r) weighted_rows<T, 1>(A + r * k, k, B, n, C + r * n);
 }
 
-// P [Tq, T] = phi_q phi_k^T: BLAS (P^T = phi_k phi_q^T column-major), or two rows at a time (dpfp_rows.h's
-// feature_scores), causal only up to the block's end
+// The two kinds of call: the sum rule's normalised read (A, s), and the delta rule's products (P, X)
+enum Kind : int64_t { kRead = 0, kGram = 1 };
+
+struct Shape {
+  int64_t Tq, Tk, d, nu, norm;  // queries, keys, key width, DPFP's nu, the normalisation of phi (fw::Norm)
+  double eps;  // kRead: the z column's guard (Z_EPS); kGram: the normalisation's floor (PHI_EPS)
+  int64_t E() const { return 2 * d * nu; }
+  int64_t out_rows(Kind kind) const { return kind == kRead ? Tq : Tq + Tk; }
+};
+
+// The rows of [B, H, T, d] heads in any layout whose d is contiguous (the module's heads are views of [T, B, C]):
+// row t of head n = b H + h at data + b sb + h sh + t st. Reading them in place spares a copy of q and k each way,
+// and writing dq and dk in q's and k's own layout spares autograd a copy back to [T, B, C].
+template <typename P>
+struct Heads {
+  P* data;
+  int64_t H, sb, sh, st;
+  P* row(int64_t n, int64_t t) const { return data + (n / H) * sb + (n % H) * sh + t * st; }
+};
+
+template <typename P>
+Heads<P> heads_of(const torch::Tensor& x, P* data) {
+  return Heads<P>{data, x.size(1), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+// the Tn rows of head n into out [Tn, d]; where pad (a [B, T] row of the head's sentence, true at padding) is given,
+// its padded rows as zeros
 template <typename T>
-inline __attribute__((always_inline)) void scores(const T* phi_q, const T* phi_k, T* P, int64_t Tq, int64_t Tk,
-                                                  int64_t E, bool causal, bool blas) {
-  if (blas) return gemm('T', 'N', Tk, Tq, E, phi_k, E, phi_q, E, P, Tk);
-  int64_t t = 0;
-  for (; t + 2 <= Tq; t += 2) {
-    const T* rows[2] = {phi_q + t * E, phi_q + (t + 1) * E};
-    fw::feature_scores<T, 2>(rows, phi_k, P + t * Tk, causal ? t + 2 : Tk, E, E, Tk);
+inline __attribute__((always_inline)) void gather(const Heads<const T>& X, int64_t n, int64_t Tn, int64_t d,
+                                                  const bool* pad, T* out) {
+  for (int64_t t = 0; t < Tn; ++t) {
+    if (pad && pad[t]) {
+      std::fill(out + t * d, out + (t + 1) * d, T(0));
+    } else {
+      const T* x = X.row(n, t);
+      std::copy(x, x + d, out + t * d);
+    }
   }
-  if (t < Tq) {
-    const T* rows[1] = {phi_q + t * E};
-    fw::feature_scores<T, 1>(rows, phi_k, P + t * Tk, causal ? t + 1 : Tk, E, E, Tk);
+}
+
+template <typename T>
+inline __attribute__((always_inline)) void scatter(const T* rows, const Heads<T>& X, int64_t n, int64_t Tn, int64_t d) {
+  for (int64_t t = 0; t < Tn; ++t) std::copy(rows + t * d, rows + (t + 1) * d, X.row(n, t));
+}
+
+// A head's buffers: its raw rows x [Tq + T, d] (queries', then keys') and phi [Tq + T, E]
+template <typename T>
+struct HeadBuffers {
+  std::vector<T> x, phi;
+  HeadBuffers(const Shape& s) : x((s.Tq + s.Tk) * s.d), phi((s.Tq + s.Tk) * s.E()) {}
+
+  // head n's rows and features, normalised where kGram has a norm; keys at padding (pad: [B, T]) zeroed
+  // always_inline: called from the FW_CLONES ranges, it must be compiled for each clone's target (AVX2 or not)
+  inline __attribute__((always_inline)) void load(const Heads<const T>& Q, const Heads<const T>& K, const bool* pad,
+                                                  int64_t n, const Shape& s, Kind kind) {
+    const int64_t norm = kind == kGram ? s.norm : kNone;
+    gather(Q, n, s.Tq, s.d, static_cast<const bool*>(nullptr), x.data());
+    gather(K, n, s.Tk, s.d, pad ? pad + (n / Q.H) * s.Tk : nullptr, x.data() + s.Tq * s.d);
+    fw::forward_rows(x.data(), phi.data(), s.d, s.nu, norm, s.eps, 0, s.Tq + s.Tk);
   }
-}
+};
 
-// dphi(q) = dP phi(k) [Tq, E] into dphi, dphi(k) = dP^T phi(q) [T, E] after it, by the loops; causal, dP is 0 past
-// the diagonal: row t sums s <= t, and key s sums t >= s
+// heads [b, e). kRead: A [Tq, T] into out and s [Tq] into S; kGram: [P; X] [Tq + T, T] into out, P = phi(q) phi(k)^T
+// with s <= t, X = phi(k) phi(k)^T with s < t (both causal: Tq = T)
 template <typename T>
-inline __attribute__((always_inline)) void backward_products(const T* dP, const T* phi, T* dphi, int64_t Tq,
-                                                             int64_t Tk, int64_t E, bool causal) {
-  const auto all_t = [&](int64_t) { return Tq; };
-  weighted(dP, Tk, 1, Tq, [](int64_t) { return int64_t(0); },
-           [&](int64_t end) { return causal ? std::min(end, Tk) : Tk; }, phi + Tq * E, E, dphi);
-  weighted(dP, 1, Tk, Tk, [&](int64_t start) { return causal ? start : int64_t(0); }, all_t, phi, E, dphi + Tq * E);
-}
-
-// phi of the head's Tq query rows X_q and T key rows X_k into phi [Tq + T, E]
-template <typename T>
-inline __attribute__((always_inline)) void head_features(const T* Xq, const T* Xk, T* phi, int64_t Tq, int64_t Tk,
-                                                         int64_t d, int64_t nu) {
-  fw::forward_rows(Xq, phi, d, nu, kNone, 0.0, 0, Tq);
-  fw::forward_rows(Xk, phi + Tq * 2 * d * nu, d, nu, kNone, 0.0, 0, Tk);
-}
-
-// heads [b, e): A [Tq, T] and s [Tq] of each
-template <typename T>
-inline __attribute__((always_inline)) void forward_heads(const T* Q, const T* K, T* A, T* S, int64_t Tq, int64_t Tk,
-                                                         int64_t d, int64_t nu, bool causal, double eps, bool blas,
-                                                         int64_t b, int64_t e) {
-  const int64_t E = 2 * d * nu;
-  std::vector<T> phi((Tq + Tk) * E);  // [Tq + T, E]: the queries' features, then the keys'
+inline __attribute__((always_inline)) void forward_heads(const Heads<const T>& Q, const Heads<const T>& K,
+                                                         const bool* pad, T* out, T* S, const Shape& x, Kind kind,
+                                                         bool causal, bool blas, int64_t b, int64_t e) {
+  const int64_t E = x.E(), Tq = x.Tq, Tk = x.Tk, rows = x.out_rows(kind);
+  HeadBuffers<T> head(x);
   for (int64_t n = b; n < e; ++n) {
-    head_features(Q + n * Tq * d, K + n * Tk * d, phi.data(), Tq, Tk, d, nu);
-    T* P = A + n * Tq * Tk;
-    scores(phi.data(), phi.data() + Tq * E, P, Tq, Tk, E, causal, blas);
-    for (int64_t t = 0; t < Tq; ++t) {
+    head.load(Q, K, pad, n, x, kind);
+    T* P = out + n * rows * Tk;
+    const T* phi = head.phi.data();
+    mm_abt(rows, Tk, E, phi, phi + Tq * E, P, blas);  // [phi(q) (; phi(k))] phi(k)^T
+    for (int64_t t = 0; t < rows; ++t) {
       T* __restrict__ row = P + t * Tk;
-      const int64_t seen = causal ? t + 1 : Tk;
+      const int64_t seen = t < Tq ? (causal ? t + 1 : Tk) : t - Tq;  // X: the keys before the key
       for (int64_t j = seen; j < Tk; ++j) row[j] = T(0);
-      const T s = fw::sum(row, seen) + T(eps);
+      if (kind == kGram) continue;
+      const T s = fw::sum(row, seen) + T(x.eps);
       const T inv = T(1) / s;
       for (int64_t j = 0; j < seen; ++j) row[j] *= inv;
       S[n * Tq + t] = s;
@@ -148,58 +198,71 @@ inline __attribute__((always_inline)) void forward_heads(const T* Q, const T* K,
   }
 }
 
-// heads [b, e): dq [Tq, d] and dk [T, d] of each from dA, A and s
+// heads [b, e): dq [Tq, d] and dk [T, d] of each from the gradient of forward_heads' out (and A and s for kRead):
+// dphi(q) = dP phi(k), dphi(k) = [dP^T, dX + dX^T] [phi(q); phi(k)] (dX only for kGram); a padded key's dk is 0
 template <typename T>
-inline __attribute__((always_inline)) void backward_heads(const T* dA, const T* A, const T* S, const T* Q, const T* K,
-                                                          T* DQ, T* DK, int64_t Tq, int64_t Tk, int64_t d, int64_t nu,
-                                                          bool causal, bool blas, int64_t b, int64_t e) {
-  const int64_t E = 2 * d * nu;
-  std::vector<T> phi((Tq + Tk) * E), dphi((Tq + Tk) * E), dP(Tq * Tk);
+inline __attribute__((always_inline)) void backward_heads(const T* G, const T* A, const T* S,
+                                                          const Heads<const T>& Q, const Heads<const T>& K,
+                                                          const bool* pad, const Heads<T>& DQ, const Heads<T>& DK,
+                                                          const Shape& x, Kind kind, bool causal, bool blas, int64_t b,
+                                                          int64_t e) {
+  const int64_t E = x.E(), Tq = x.Tq, Tk = x.Tk, rows = x.out_rows(kind), inner = kind == kGram ? Tq + Tk : Tq;
+  HeadBuffers<T> head(x);
+  std::vector<T> dphi((Tq + Tk) * E), dP(Tq * Tk), coef(Tk * inner), dx((Tq + Tk) * x.d);
   for (int64_t n = b; n < e; ++n) {
-    const T *Xq = Q + n * Tq * d, *Xk = K + n * Tk * d;
-    head_features(Xq, Xk, phi.data(), Tq, Tk, d, nu);
-    for (int64_t t = 0; t < Tq; ++t) {
-      const T* __restrict__ g = dA + (n * Tq + t) * Tk;
-      const T* __restrict__ a = A + (n * Tq + t) * Tk;
+    const T* g = G + n * rows * Tk;
+    head.load(Q, K, pad, n, x, kind);
+    for (int64_t t = 0; t < Tq; ++t) {  // dP, 0 where masked; kRead through the rows' normalisation
+      const T* __restrict__ gt = g + t * Tk;
       T* __restrict__ dp = dP.data() + t * Tk;
       const int64_t seen = causal ? t + 1 : Tk;
-      const T inv = T(1) / S[n * Tq + t], c = fw::dot(g, a, seen);
-      for (int64_t j = 0; j < seen; ++j) dp[j] = (g[j] - c) * inv;
+      const T inv = kind == kRead ? T(1) / S[n * Tq + t] : T(1);
+      const T c = kind == kRead ? fw::dot(gt, A + (n * Tq + t) * Tk, seen) : T(0);
+      for (int64_t j = 0; j < seen; ++j) dp[j] = (gt[j] - c) * inv;
       for (int64_t j = seen; j < Tk; ++j) dp[j] = T(0);
     }
-    // dphi(q) = dP phi(k), dphi(k) = dP^T phi(q); column-major: dphi(q)^T = phi(k)^T dP^T, dphi(k)^T = phi(q)^T dP
-    T* dphi_k = dphi.data() + Tq * E;
-    if (blas) {
-      gemm('N', 'N', E, Tq, Tk, phi.data() + Tq * E, E, dP.data(), Tk, dphi.data(), E);
-      gemm('N', 'T', E, Tk, Tq, phi.data(), E, dP.data(), Tk, dphi_k, E);
-    } else {
-      backward_products(dP.data(), phi.data(), dphi.data(), Tq, Tk, E, causal);
+    for (int64_t s = 0; s < Tk; ++s) {  // coef [T, inner] = [dP^T, dX + dX^T], dX strictly lower
+      T* __restrict__ row = coef.data() + s * inner;
+      for (int64_t t = 0; t < Tq; ++t) row[t] = dP[t * Tk + s];
+      if (kind == kRead) continue;
+      const T* dX = g + Tq * Tk;
+      for (int64_t r = 0; r < Tk; ++r) row[Tq + r] = r < s ? dX[s * Tk + r] : r > s ? dX[r * Tk + s] : T(0);
     }
-    fw::backward_rows(dphi.data(), Xq, DQ + n * Tq * d, d, nu, kNone, 0.0, 0, Tq);
-    fw::backward_rows(dphi_k, Xk, DK + n * Tk * d, d, nu, kNone, 0.0, 0, Tk);
+    const T* phi = head.phi.data();
+    mm_ab(Tq, E, Tk, dP.data(), phi + Tq * E, dphi.data(), blas);
+    mm_ab(Tk, E, inner, coef.data(), phi, dphi.data() + Tq * E, blas);
+    // a zeroed (padded) key's row: x = 0, so its dx is 0 (relu's gradient at 0), as masked_fill's backward gives
+    fw::backward_rows(dphi.data(), head.x.data(), dx.data(), x.d, x.nu, kind == kGram ? x.norm : kNone, x.eps, 0,
+                      Tq + Tk);
+    scatter(dx.data(), DQ, n, Tq, x.d);
+    scatter(dx.data() + Tq * x.d, DK, n, Tk, x.d);
   }
 }
+
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it (kernels.h).
-FW_CLONES void forward_range(const float* Q, const float* K, float* A, float* S, int64_t Tq, int64_t Tk, int64_t d,
-                             int64_t nu, bool causal, double eps, bool blas, int64_t b, int64_t e) {
-  forward_heads(Q, K, A, S, Tq, Tk, d, nu, causal, eps, blas, b, e);
+FW_CLONES void forward_range(const Heads<const float>& Q, const Heads<const float>& K, const bool* pad, float* out,
+                             float* S, const Shape& x, Kind kind, bool causal, bool blas, int64_t b, int64_t e) {
+  forward_heads(Q, K, pad, out, S, x, kind, causal, blas, b, e);
 }
-FW_CLONES void forward_range(const double* Q, const double* K, double* A, double* S, int64_t Tq, int64_t Tk, int64_t d,
-                             int64_t nu, bool causal, double eps, bool blas, int64_t b, int64_t e) {
-  forward_heads(Q, K, A, S, Tq, Tk, d, nu, causal, eps, blas, b, e);
+FW_CLONES void forward_range(const Heads<const double>& Q, const Heads<const double>& K, const bool* pad, double* out,
+                             double* S, const Shape& x, Kind kind, bool causal, bool blas, int64_t b, int64_t e) {
+  forward_heads(Q, K, pad, out, S, x, kind, causal, blas, b, e);
 }
-FW_CLONES void backward_range(const float* dA, const float* A, const float* S, const float* Q, const float* K,
-                              float* DQ, float* DK, int64_t Tq, int64_t Tk, int64_t d, int64_t nu, bool causal,
-                              bool blas, int64_t b, int64_t e) {
-  backward_heads(dA, A, S, Q, K, DQ, DK, Tq, Tk, d, nu, causal, blas, b, e);
+FW_CLONES void backward_range(const float* G, const float* A, const float* S, const Heads<const float>& Q,
+                              const Heads<const float>& K, const bool* pad, const Heads<float>& DQ,
+                              const Heads<float>& DK, const Shape& x, Kind kind, bool causal, bool blas, int64_t b,
+                              int64_t e) {
+  backward_heads(G, A, S, Q, K, pad, DQ, DK, x, kind, causal, blas, b, e);
 }
-FW_CLONES void backward_range(const double* dA, const double* A, const double* S, const double* Q, const double* K,
-                              double* DQ, double* DK, int64_t Tq, int64_t Tk, int64_t d, int64_t nu, bool causal,
-                              bool blas, int64_t b, int64_t e) {
-  backward_heads(dA, A, S, Q, K, DQ, DK, Tq, Tk, d, nu, causal, blas, b, e);
+FW_CLONES void backward_range(const double* G, const double* A, const double* S, const Heads<const double>& Q,
+                              const Heads<const double>& K, const bool* pad, const Heads<double>& DQ,
+                              const Heads<double>& DK, const Shape& x, Kind kind, bool causal, bool blas, int64_t b,
+                              int64_t e) {
+  backward_heads(G, A, S, Q, K, pad, DQ, DK, x, kind, causal, blas, b, e);
 }
 
-void check(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, bool causal, const char* fn) {
+void check(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, int64_t kind, bool causal, int64_t norm,
+           const char* fn) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu(), fn, ": q and k must be CPU tensors");
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), fn, ": q and k must share a dtype");
   TORCH_CHECK(q.scalar_type() == torch::kFloat || q.scalar_type() == torch::kDouble, fn,
@@ -208,53 +271,85 @@ void check(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, bool caus
                   q.size(3) == k.size(3) && q.size(3) >= 1,
               fn, ": q and k must be [B, H, Tq, d] and [B, H, T, d]");
   TORCH_CHECK(nu >= 1 && nu <= 2 * q.size(3) - 1, fn, ": nu must be in 1..2d-1");
+  TORCH_CHECK(kind == kRead || kind == kGram, fn, ": kind must be 0 (the sum rule's read) or 1 (the products)");
+  TORCH_CHECK(kind == kRead || causal, fn, ": the products (kind 1) are causal");
+  TORCH_CHECK(norm == kNone || (kind == kGram && (norm == fw::kSum || norm == fw::kL2)), fn,
+              ": norm must be 0, or 1 (sum) or 2 (l2) with kind 1");
   TORCH_CHECK(!causal || q.size(2) == k.size(2), fn, ": causal needs as many queries as keys");
   TORCH_CHECK(q.size(2) >= 1 && k.size(2) >= 1, fn, ": q and k need at least one position");
-  // BLAS takes int sizes: a head's [T, 2 d nu] features must fit
-  TORCH_CHECK(std::max(q.size(2), k.size(2)) * 2 * q.size(3) * nu < (int64_t(1) << 31), fn, ": too long for BLAS");
+  // BLAS takes int sizes: a head's [Tq + T, 2 d nu] features must fit
+  TORCH_CHECK((q.size(2) + k.size(2)) * 2 * q.size(3) * nu < (int64_t(1) << 31), fn, ": too long for BLAS");
 }
 
 // heads a task takes: a head's products are tens of microseconds on a training batch
 constexpr int64_t kHeadGrain = 2;
 
+Shape shape_of(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, int64_t norm, double eps) {
+  return Shape{q.size(2), k.size(2), q.size(3), nu, norm, eps};
+}
+
+// key_padding_mask [B, T] (true at padding) as a contiguous bool tensor, or an undefined one
+torch::Tensor pad_of(const c10::optional<torch::Tensor>& mask, const torch::Tensor& k, const char* fn) {
+  if (!mask || !mask->defined()) return torch::Tensor();
+  TORCH_CHECK(mask->sizes() == torch::IntArrayRef({k.size(0), k.size(2)}), fn, ": key_padding_mask must be [B, T]");
+  return mask->to(torch::kBool).contiguous();
+}
+
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
-                                                              int64_t nu, bool causal, double eps, bool blas) {
-  check(q, k, nu, causal, "dpfp_attend_forward");
+                                                              const c10::optional<torch::Tensor>& key_padding_mask,
+                                                              int64_t nu, int64_t kind, bool causal, int64_t norm,
+                                                              double eps, bool blas) {
+  check(q, k, nu, kind, causal, norm, "dpfp_attend_forward");
   blas = blas && blas_found();
-  const auto qc = q.contiguous(), kc = k.contiguous();
-  const int64_t B = qc.size(0), H = qc.size(1), Tq = qc.size(2), Tk = kc.size(2), d = qc.size(3);
-  auto weights = torch::empty({B, H, Tq, Tk}, qc.options());  // A
-  auto sums = torch::empty({B, H, Tq}, qc.options());  // s
+  const auto qc = last_contiguous(q), kc = last_contiguous(k), pad = pad_of(key_padding_mask, k, "dpfp_attend_forward");
+  const Shape x = shape_of(qc, kc, nu, norm, eps);
+  const int64_t B = qc.size(0), H = qc.size(1);
+  const Kind kd = Kind(kind);
+  auto out = torch::empty({B, H, x.out_rows(kd), x.Tk}, qc.options());  // A, or [P; X]
+  auto sums = torch::empty({B, H, kd == kRead ? x.Tq : 0}, qc.options());  // s
+  const bool* P = pad.defined() ? pad.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "dpfp_attend_forward", [&] {
-    const scalar_t *Q = qc.data_ptr<scalar_t>(), *K = kc.data_ptr<scalar_t>();
-    scalar_t *A = weights.data_ptr<scalar_t>(), *S = sums.data_ptr<scalar_t>();
+    const auto Q = heads_of(qc, qc.data_ptr<scalar_t>()), K = heads_of(kc, kc.data_ptr<scalar_t>());
+    const Heads<const scalar_t> Qr{Q.data, Q.H, Q.sb, Q.sh, Q.st}, Kr{K.data, K.H, K.sb, K.sh, K.st};
+    scalar_t *O = out.data_ptr<scalar_t>(), *S = sums.data_ptr<scalar_t>();
     at::parallel_for(0, B * H, kHeadGrain,
-                     [&](int64_t b, int64_t e) { forward_range(Q, K, A, S, Tq, Tk, d, nu, causal, eps, blas, b, e); });
+                     [&](int64_t b, int64_t e) { forward_range(Qr, Kr, P, O, S, x, kd, causal, blas, b, e); });
   });
-  return {weights, sums};
+  return {out, sums};
 }
 
-std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_backward(const torch::Tensor& grad, const torch::Tensor& weights,
+std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_backward(const torch::Tensor& grad, const torch::Tensor& out,
                                                                const torch::Tensor& sums, const torch::Tensor& q,
-                                                               const torch::Tensor& k, int64_t nu, bool causal,
-                                                               bool blas) {
-  check(q, k, nu, causal, "dpfp_attend_backward");
+                                                               const torch::Tensor& k,
+                                                               const c10::optional<torch::Tensor>& key_padding_mask,
+                                                               int64_t nu, int64_t kind, bool causal, int64_t norm,
+                                                               double eps, bool blas) {
+  check(q, k, nu, kind, causal, norm, "dpfp_attend_backward");
   blas = blas && blas_found();
-  const auto qc = q.contiguous(), kc = k.contiguous();
-  const int64_t B = qc.size(0), H = qc.size(1), Tq = qc.size(2), Tk = kc.size(2), d = qc.size(3);
-  TORCH_CHECK(grad.sizes() == weights.sizes() && weights.sizes() == torch::IntArrayRef({B, H, Tq, Tk}) &&
-                  sums.sizes() == torch::IntArrayRef({B, H, Tq}),
-              "dpfp_attend_backward: grad and weights must be [B, H, Tq, T], sums [B, H, Tq]");
-  const auto gc = grad.to(qc.scalar_type()).contiguous(), ac = weights.contiguous(), sc = sums.contiguous();
-  auto dq = torch::empty_like(qc), dk = torch::empty_like(kc);
+  const auto qc = last_contiguous(q), kc = last_contiguous(k), pad = pad_of(key_padding_mask, k, "dpfp_attend_backward");
+  const Shape x = shape_of(qc, kc, nu, norm, eps);
+  const int64_t B = qc.size(0), H = qc.size(1);
+  const Kind kd = Kind(kind);
+  const std::vector<int64_t> rows{B, H, x.out_rows(kd), x.Tk}, row_sums{B, H, x.Tq};
+  TORCH_CHECK(grad.sizes() == rows && (kd == kGram || (out.sizes() == rows && sums.sizes() == row_sums)),
+              "dpfp_attend_backward: grad (and with kind 0 out) must be dpfp_attend_forward's out's shape, sums its s");
+  const auto gc = grad.to(qc.scalar_type()).contiguous();
+  // kind 0 reads A and s again (dP's normalisation); kind 1 needs neither
+  const auto ac = kd == kRead ? out.to(qc.scalar_type()).contiguous() : out;
+  const auto sc = kd == kRead ? sums.to(qc.scalar_type()).contiguous() : sums;
+  auto dq = torch::empty_like(qc), dk = torch::empty_like(kc);  // in q's and k's layouts where they are dense
+  const bool* P = pad.defined() ? pad.data_ptr<bool>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "dpfp_attend_backward", [&] {
-    const scalar_t *G = gc.data_ptr<scalar_t>(), *A = ac.data_ptr<scalar_t>(), *S = sc.data_ptr<scalar_t>();
-    const scalar_t *Q = qc.data_ptr<scalar_t>(), *K = kc.data_ptr<scalar_t>();
-    scalar_t *DQ = dq.data_ptr<scalar_t>(), *DK = dk.data_ptr<scalar_t>();
+    const auto Q = heads_of(qc, qc.data_ptr<scalar_t>()), K = heads_of(kc, kc.data_ptr<scalar_t>());
+    const Heads<const scalar_t> Qr{Q.data, Q.H, Q.sb, Q.sh, Q.st}, Kr{K.data, K.H, K.sb, K.sh, K.st};
+    const auto DQ = heads_of(dq, dq.data_ptr<scalar_t>()), DK = heads_of(dk, dk.data_ptr<scalar_t>());
+    const scalar_t* G = gc.data_ptr<scalar_t>();
+    const scalar_t* A = kd == kRead ? ac.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* S = kd == kRead ? sc.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, B * H, kHeadGrain, [&](int64_t b, int64_t e) {
-      backward_range(G, A, S, Q, K, DQ, DK, Tq, Tk, d, nu, causal, blas, b, e);
+      backward_range(G, A, S, Qr, Kr, P, DQ, DK, x, kd, causal, blas, b, e);
     });
   });
   return {dq, dk};

@@ -31,8 +31,7 @@ from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
 from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
                                               regroup, source_beam, write_source)
-from fw_fairseq.ops import (RULES, SUM_CHUNK_SIZE, append_z_column, divide_by_z, fast_weight_attend,
-                            feature_map, short_order)
+from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -48,8 +47,8 @@ class Projected(NamedTuple):
 
 class Writes(NamedTuple):
     """What the written positions put into the memory, head-first, in the compute dtype."""
-    phi_k: Tensor  # [B, H, S, E]
-    v: Tensor  # [B, H, S, D], or [B, H, S, D + 1] with the rule's z column
+    phi_k: Optional[Tensor]  # [B, H, S, E], None until _with_features
+    v: Tensor  # [B, H, S, D], or [B, H, S, D + 1] with the rule's z column (_with_features)
     scalars: Tuple[Tensor, ...]  # one [B, H, S] per scalar of the rule, in its ops' argument order
     keys: Tensor  # [B, H, S, D]: the keys phi_k was computed from
 
@@ -139,42 +138,37 @@ class FastWeightAttention(nn.Module):
         logits = tuple(getattr(self, f"{name}_proj")(x) for name in self.rule.scalars)
         return Projected(self.k_proj(x), self.v_proj(x), logits)
 
-    def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor],
-                dtype: torch.dtype) -> Writes:
+    def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Writes:
+        """The written positions' raw keys, values and scalars, head-first; phi_k None (_with_features adds it)."""
         keys = self._heads(projected.k, dtype)  # [B, H, S, D]
-        phi_k = self._features(keys, is_query=False)  # [B, H, S, E]
         v = self._heads(projected.v, dtype)  # [B, H, S, D]
-        if self.rule.z_column:
-            v = append_z_column(v)  # [B, H, S, D + 1]
         scales = {"beta": self.beta_max, "alpha": 1.0}
         # [S, B, H] -> [B, H, S]
         scalars = [scales[name] * torch.sigmoid(logits.to(dtype)).permute(1, 2, 0)
                    for name, logits in zip(self.rule.scalars, projected.scalar_logits)]
         if key_padding_mask is not None:
-            # A padded position writes nothing when its value row (with the z column) is zero and its
-            # scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
+            # A padded position writes nothing when its value row (and z entry, _with_features) is zero and
+            # its scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
             # subtract what its key reads). Its phi(k) may stay: phi(0) != 0 is then multiplied by 0,
             # and the value rows (M + 1 wide) are cheaper to mask than phi(k) (E wide).
             pad = key_padding_mask.bool()[:, None, :]  # [B, 1, S]
             v = v.masked_fill(pad[..., None], 0.0)
             scalars = [x.masked_fill(pad, self.rule.pad_values[name])
                        for name, x in zip(self.rule.scalars, scalars)]
-        return Writes(phi_k, v, tuple(scalars), keys)
+        return Writes(None, v, tuple(scalars), keys)
 
-    def _sum_read(self, q_heads: Tensor, projected: Projected, key_padding_mask: Optional[Tensor],
-                  dtype: torch.dtype) -> Optional[Tensor]:
-        """Training's and validation's read where the rule reads through the z column in the order (q k^T) v
-        (non-causal: where ops.short_order says so, as fast_weight_attend decides; causal: one chunk of chunked_sum)
-        and the feature map computes that read from the raw heads in one op (FeatureMap.sum_read: DPFP on the CPU
-        kernel): y [B, H, T, D], the z column divided out. None elsewhere: phi is formed and the rule runs."""
-        if not self.rule.z_column:
-            return None
-        keys, v = self._heads(projected.k, dtype), self._heads(projected.v, dtype)  # [B, H, S, D]
-        causal = self.path == CAUSAL
-        Tq, T = q_heads.shape[2], keys.shape[2]
-        if not (T <= SUM_CHUNK_SIZE if causal else short_order(Tq, T, self.phi.out_dim, v.shape[-1] + 1)):
-            return None
-        return self.phi.sum_read(q_heads, keys, v, key_padding_mask, causal)
+    def _with_features(self, writes: Writes, key_padding_mask: Optional[Tensor]) -> Writes:
+        """writes with phi(k) [B, H, S, E], and the z column on the values where the rule has one."""
+        v = append_z_column(writes.v, key_padding_mask) if self.rule.z_column else writes.v  # [B, H, S, D (+ 1)]
+        return writes._replace(phi_k=self._features(writes.keys, is_query=False), v=v)
+
+    def _short_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """Training's and validation's read where the feature map computes the rule's read of a short sequence from
+        the raw heads in one op (FeatureMap.short_read: DPFP on the CPU kernel for the sum rule and the causal delta
+        rule): y [B, H, T, D], the z column divided out. None elsewhere: phi is formed and the rule runs."""
+        norm = self.delta_norm if self.rule.normalised_phi else None
+        return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars, key_padding_mask,
+                                   self.path == CAUSAL, norm)
 
     def _merge(self, o: Tensor) -> Tensor:
         """[B, H, T, D] read-out -> [T, B, C]."""
@@ -221,10 +215,12 @@ class FastWeightAttention(nn.Module):
         dtype = torch.float32 if q.dtype in _HALF else q.dtype
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, dtype)  # [B, H, T, D]
-            o = self._sum_read(q_heads, projected, key_padding_mask, dtype) if buffer is None else None
+            writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
+            # training and validation keep nothing: a short sequence may be read from the raw heads
+            o = self._short_read(q_heads, writes, key_padding_mask) if buffer is None else None
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
-                writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
+                writes = self._with_features(writes, key_padding_mask) if writes is not None else None
                 if cached:
                     o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
                 elif self.path == CAUSAL:

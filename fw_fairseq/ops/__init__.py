@@ -2,9 +2,8 @@
 from .fast_weight import fast_weight_read
 from .feature_maps import (FEATURE_MAPS, PHI_NORMS, FavorPlus, FeatureMap, dpfp, elu_plus_one, feature_map,
                            l2_normalize, phi_scale, sum_normalize)
-from .chunked import SUM_CHUNK_SIZE
 from .rules import (RULES, UpdateRule, fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum,
-                    fast_weight_write, short_order)
+                    fast_weight_write)
 from .z_column import append_z_column, divide_by_z
 
 __all__ = [
@@ -16,8 +15,6 @@ __all__ = [
     "fast_weight_attend",
     "RULES",
     "UpdateRule",
-    "short_order",
-    "SUM_CHUNK_SIZE",
     "append_z_column",
     "divide_by_z",
     "FEATURE_MAPS",

@@ -1,63 +1,115 @@
-"""The sum rule's normalised read in the short order with DPFP features, from the raw heads, on the CPU kernel.
+"""A short sequence's read with DPFP features, from the raw heads, on the CPU kernel (cpu/dpfp_attend.cpp).
 
-    y = W^T phi(q) / (z . phi(q) + Z_EPS),  W = sum_s phi(k_s) v_s^T,  z = sum_s phi(k_s)   (s <= t where causal)
-      = A v,  A = P / (rowsum(P) + Z_EPS),  P = mask(phi(q) phi(k)^T)
+A short sequence reads in the order (q k^T) v: its products of features are [T, T] per head, where forming phi
+writes [B, H, T, 2 d nu] tensors that, with their gradients, cost the plain composition more than the products on a
+training batch (fw_fairseq/ops/README.md §12). The kernel forms phi of one head's queries and keys in a buffer that
+stays in cache and returns only the products; the same functions as the rules' ops over phi, for two rules:
 
-the function that `divide_by_z(fast_weight_attend(phi(q), phi(k), append_z_column(v)))` computes in its short
-order (and, causal, chunked_sum over one chunk), as softmax attention computes its weights and then A v.
-cpu/dpfp_attend.cpp forms phi of one head's queries and keys in a buffer that stays in cache and returns A and the
-row sums; on a training batch the [B, H, T, 2 d nu] features, their gradients and the z column's passes cost the
-plain composition more than the products (fw_fairseq/ops/README.md §12). Backward:
+- sum (fast_weight_attend's short order, or chunked_sum over one chunk where causal), through the z column:
+      y = W^T phi(q) / (z . phi(q) + Z_EPS) = A v,   A = P / (rowsum(P) + Z_EPS),   P = mask(phi(q) phi(k)^T)
+  as softmax attention computes its weights and then A v. Backward: dA = dy v^T, dv = A^T dy, and in the kernel
+  dP = (dA - rowsum(dA * A)) / s. A padded key reads nothing: the kernel reads its raw key as 0 (DPFP(0) = 0).
+- delta, causal, one chunk of chunked_delta (README §2 with no state), phi normalised (--fw-delta-norm):
+      P = tril(phi(q) phi(k)^T),  X = tril(phi(k) phi(k)^T, -1),  (I + diag(beta) X) U = diag(beta) V,  O = P U
+  the kernel gives [P; X] and takes their gradient back; the [T, T] algebra is autograd's (a triangular solve).
 
-    dA = dy v^T,  dv = A^T dy,  then the kernel: dP = (dA - rowsum(dA * A)) / s,  dphi(q) = dP phi(k),
-    dphi(k) = dP^T phi(q), and DPFP's backward of each row.
-
-A padded key must read nothing: its raw key is zeroed, and DPFP(0) = 0 zeroes its column of P.
-The kernel's products call BLAS where the loaded torch exports it, else its own loops (BLAS = False takes the
-loops anyway: the tests run both).
+Then dphi(q) = dP phi(k), dphi(k) = dP^T phi(q) (+ (dX + dX^T) phi(k)) and DPFP's backward, in the kernel.
+Its products call BLAS where the loaded torch exports it, else its own loops (BLAS = False takes the loops anyway:
+the tests run both). It reads the heads in their own layout (the module's are views of [T, B, C]) and writes dq and dk
+in it. First order only (guards.first_order).
 """
 import torch
 
-from .cpu_extension import cpu_kernel
+from .chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
+from .cpu_extension import KERNEL_NORMS, cpu_kernel
 from .guards import first_order, records
+from .normalize_function import PHI_EPS
+from .rules import short_order
 from .z_column import Z_EPS
 
 BLAS = True
+_READ, _PRODUCTS = 0, 1  # the kernel's kinds
 
 
 class DpfpSumRead(torch.autograd.Function):
     """y [B, H, Tq, M] = A v from q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M] (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, nu, causal, kernel):
-        weights, sums = kernel.dpfp_attend_forward(q, k, nu, causal, Z_EPS, BLAS)  # [B, H, Tq, T], [B, H, Tq]
-        ctx.save_for_backward(q, k, v, weights, sums)
+    def forward(ctx, q, k, v, pad, nu, causal, kernel):
+        weights, sums = kernel.dpfp_attend_forward(q, k, pad, nu, _READ, causal, 0, Z_EPS, BLAS)  # [B,H,Tq,T], [B,H,Tq]
+        ctx.save_for_backward(q, k, v, weights, sums, pad)
         ctx.nu, ctx.causal, ctx.kernel = nu, causal, kernel
         return weights @ v
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        q, k, v, weights, sums = ctx.saved_tensors
+        q, k, v, weights, sums, pad = ctx.saved_tensors
         dq = dk = dv = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             d_weights = grad @ v.transpose(-1, -2)  # [B, H, Tq, T]
-            dq, dk = ctx.kernel.dpfp_attend_backward(d_weights, weights, sums, q, k, ctx.nu, ctx.causal, BLAS)
+            dq, dk = ctx.kernel.dpfp_attend_backward(d_weights, weights, sums, q, k, pad, ctx.nu, _READ, ctx.causal, 0,
+                                                     Z_EPS, BLAS)
         if ctx.needs_input_grad[2]:
             dv = weights.transpose(-1, -2) @ grad  # [B, H, T, M]
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
-def dpfp_sum_read(q, k, v, nu, causal, key_padding_mask=None):
-    """The sum rule's read y [B, H, Tq, M] with DPFP-nu features of raw heads q [B, H, Tq, d], k [B, H, T, d] and
-    values v [B, H, T, M] (key_padding_mask [B, T], True at padding), on the CPU kernel; None where it does not run
-    (not built, not a float32/float64 CPU tensor, torch.compile tracing, an empty sequence): the caller then forms phi
-    and runs the rule. q, k and v share one dtype (the module's compute dtype)."""
-    kernel = cpu_kernel(q)
-    if not kernel or q.shape[2] == 0 or k.shape[2] == 0 or not q.dtype == k.dtype == v.dtype:
-        return None
-    if key_padding_mask is not None:
-        k = k.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)  # [B, 1, T, 1]: DPFP(0) = 0
+class DpfpProducts(torch.autograd.Function):
+    """[P; X] [B, H, 2T, T] of normalised DPFP features of q, k [B, H, T, d] (module docstring, the delta rule)."""
+
+    @staticmethod
+    def forward(ctx, q, k, nu, norm, kernel):
+        ctx.save_for_backward(q, k)
+        ctx.nu, ctx.norm, ctx.kernel = nu, norm, kernel
+        return kernel.dpfp_attend_forward(q, k, None, nu, _PRODUCTS, True, norm, PHI_EPS, BLAS)[0]
+
+    @staticmethod
+    @first_order
+    def backward(ctx, grad):
+        q, k = ctx.saved_tensors
+        none = grad.new_empty(0)
+        dq, dk = ctx.kernel.dpfp_attend_backward(grad, none, none, q, k, None, ctx.nu, _PRODUCTS, True, ctx.norm,
+                                                 PHI_EPS, BLAS)
+        return dq, dk, None, None, None
+
+
+def _sum_read(kernel, q, k, v, scalars, nu, causal, norm, key_padding_mask):
+    Tq, T = q.shape[2], k.shape[2]
+    if not (T <= SUM_CHUNK_SIZE if causal else short_order(Tq, T, 2 * q.shape[-1] * nu, v.shape[-1] + 1)):
+        return None  # the rule forms the memory (or chunks) instead: the kernel has no cheaper order there
+    # the kernel reads padded keys as zeros, DPFP(0) = 0: their columns of P are 0
     if records(q, k, v):
-        return DpfpSumRead.apply(q, k, v, nu, causal, kernel)
-    return kernel.dpfp_attend_forward(q, k, nu, causal, Z_EPS, BLAS)[0] @ v
+        return DpfpSumRead.apply(q, k, v, key_padding_mask, nu, causal, kernel)
+    return kernel.dpfp_attend_forward(q, k, key_padding_mask, nu, _READ, causal, 0, Z_EPS, BLAS)[0] @ v
+
+
+def _delta_read(kernel, q, k, v, scalars, nu, causal, norm, key_padding_mask):
+    T = k.shape[2]
+    if not causal or T > DELTA_ONE_CHUNK_MAX:
+        return None  # several chunks carry a state: the chunked form
+    code = KERNEL_NORMS[norm]
+    products = (DpfpProducts.apply(q, k, nu, code, kernel) if records(q, k)
+                else kernel.dpfp_attend_forward(q, k, None, nu, _PRODUCTS, True, code, PHI_EPS, BLAS)[0])
+    P, X = products[:, :, :T], products[:, :, T:]  # [B, H, T, T]: s <= t, s < t
+    beta = scalars[0][..., None]  # [B, H, T, 1]; 0 at padded positions (their v rows too): they write nothing
+    # unitriangular: the solve takes the diagonal of I + diag(beta) X as ones and reads only below it
+    u = torch.linalg.solve_triangular(X * beta, v * beta, upper=False, unitriangular=True)  # [B, H, T, M]
+    return P @ u
+
+
+_READS = {"sum": _sum_read, "delta": _delta_read}  # the rules with a read here, by name (rules.RULES)
+
+
+def dpfp_short_read(rule, q, k, v, scalars, nu, causal, norm, key_padding_mask=None):
+    """The read y [B, H, Tq, M] of rule `rule` (a rules.RULES name) with DPFP-nu features of raw heads q [B, H, Tq, d]
+    and k [B, H, T, d], values v [B, H, T, M] (0 at padded positions) and the rule's scalars ([B, H, T] each, at their
+    pad values there), phi normalised by `norm` where the rule normalises it; key_padding_mask [B, T], True at
+    padding. The sum rule's read is divided by its z column. None where it does not run: a rule or order without a
+    read here, no kernel (not built, not float32/float64 CPU tensors, torch.compile tracing), an empty sequence, or
+    mixed dtypes; the caller then forms phi and runs the rule, the same function."""
+    kernel = cpu_kernel(q)
+    if (not kernel or rule not in _READS or q.shape[2] == 0 or k.shape[2] == 0
+            or any(x.dtype != q.dtype for x in (k, v, *scalars))):
+        return None
+    return _READS[rule](kernel, q, k, v, scalars, nu, causal, norm, key_padding_mask)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_attend import dpfp_sum_read
+from .dpfp_attend import dpfp_short_read
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
 from .guards import hand_written_backward, records
@@ -143,11 +143,12 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
-    def sum_read(self, q, k, v, key_padding_mask, causal):
-        """The sum rule's read y = W^T phi(q) / (z . phi(q) + eps) [B, H, Tq, M] in the order (q k^T) v from the raw
-        heads q [B, H, Tq, d_key], k [B, H, T, d_key] and values v [B, H, T, M] (key_padding_mask [B, T], True at
-        padding; causal: position t reads s <= t) in one op, or None where the map has none: the caller then forms
-        phi and runs the rule, the same function. By default there is none."""
+    def short_read(self, rule, q, k, v, scalars, key_padding_mask, causal, norm):
+        """The read [B, H, Tq, M] of rule `rule` (a RULES name; the sum rule's divided by its z column) from the raw
+        heads q [B, H, Tq, d_key], k [B, H, T, d_key], values v [B, H, T, M] and the rule's scalars [B, H, T] (all
+        at their pad values where key_padding_mask [B, T] is True), phi normalised by `norm` where the rule has one,
+        in one op where the map has one for that rule and length; else None: the caller forms phi and runs the
+        rule, the same function. By default there is none."""
         return None
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
@@ -198,9 +199,9 @@ class Dpfp(FeatureMap):
         # alone takes its forms
         return _eager_form(DpfpFunction, _normalized_dpfp, dpfp_forward, x, self.nu, kind)
 
-    def sum_read(self, q, k, v, key_padding_mask, causal):
+    def short_read(self, rule, q, k, v, scalars, key_padding_mask, causal, norm):
         # phi of a head's rows formed in cache by the CPU kernel, never as [B, H, T, E] tensors (dpfp_attend.py)
-        return dpfp_sum_read(q, k, v, self.nu, causal, key_padding_mask)
+        return dpfp_short_read(rule, q, k, v, scalars, self.nu, causal, norm, key_padding_mask)
 
     # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
     # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).

@@ -14,9 +14,13 @@ from .guards import first_order, hand_written_backward
 Z_EPS = 1e-6  # the guard of the z column's denominator: y = W^T phi(q) / (z . phi(q) + Z_EPS)
 
 
-def append_z_column(v):
-    """[B, H, T, D] -> [B, H, T, D + 1]: the ones column whose memory column is z = sum_t phi(k_t)."""
-    return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+def append_z_column(v, key_padding_mask=None):
+    """[B, H, T, D] -> [B, H, T, D + 1]: the ones column whose memory column is z = sum_t phi(k_t), 0 at the padded
+    positions of key_padding_mask [B, T] (True at padding), which must write nothing into z."""
+    ones = v.new_ones(v.shape[:-1] + (1,))  # [B, H, T, 1]
+    if key_padding_mask is not None:
+        ones = ones.masked_fill(key_padding_mask.bool()[:, None, :, None], 0.0)
+    return torch.cat([v, ones], dim=-1)
 
 
 class DivideByZ(torch.autograd.Function):
