@@ -13,6 +13,20 @@
 
 namespace fw {
 
+// 32 bytes of T (GCC/Clang vector extension): one AVX2 register, two SSE2 ones in the baseline clone
+template <typename T>
+struct Lanes {
+  typedef T Vec __attribute__((vector_size(32)));
+  static constexpr int64_t kWidth = 32 / sizeof(T);
+};
+
+template <typename T>
+inline __attribute__((always_inline)) typename Lanes<T>::Vec load(const T* p) {
+  typename Lanes<T>::Vec v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned load: the rolled rows start anywhere
+  return v;
+}
+
 // normalisations of phi (normalize_function.py): none, its sum, its 2-norm; the Python side's codes
 enum Norm : int64_t { kNone = 0, kSum = 1, kL2 = 2 };
 
@@ -80,6 +94,35 @@ inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_
   }
 }
 
+// dr [w] of one row from g = dphi [w nu]: dr[j] = sum_i g_i[j] r[j - i] + g_i[j + i] r[j + i] (indices mod w), r at
+// r_ext + nu with r_ext = [r[w - nu:], r, r[:nu]]. Each vector of dr sums its 2 nu terms in a register and is stored
+// once; g_i[j + i] wraps only for the last nu entries, which go one at a time.
+template <typename T>
+inline __attribute__((always_inline)) void dr_terms(const T* __restrict__ g, const T* __restrict__ r_ext,
+                                                    T* __restrict__ dr, int64_t w, int64_t nu) {
+  using Vec = typename Lanes<T>::Vec;
+  constexpr int64_t L = Lanes<T>::kWidth;
+  const T* r = r_ext + nu;
+  int64_t j = 0;
+  for (; j + L <= w - nu; j += L) {
+    Vec acc = {};
+    for (int64_t i = 1; i <= nu; ++i) {
+      const T* gi = g + (i - 1) * w;
+      acc += load(gi + j) * load(r + j - i) + load(gi + j + i) * load(r + j + i);
+    }
+    std::memcpy(dr + j, &acc, sizeof acc);
+  }
+  for (; j < w; ++j) {
+    T total = T(0);
+    for (int64_t i = 1; i <= nu; ++i) {
+      const T* gi = g + (i - 1) * w;
+      const int64_t ahead = j + i < w ? j + i : j + i - w;  // (j + i) mod w, without a division
+      total += gi[j] * r[j - i] + gi[ahead] * r[j + i];
+    }
+    dr[j] = total;
+  }
+}
+
 // dx of rows [begin, end) from G [rows, w nu] and X [rows, d]. With a norm, G is the gradient of y = phi / c,
 // c = max(size, eps), and the row's phi is formed again for the normalisation's backward first
 // (normalize_function.py): dphi = (g - y (y . g)) / c for l2, (g - (y . g)) / c for sum, and g / c where the
@@ -88,12 +131,15 @@ template <typename T>
 inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X, T* DX, int64_t d, int64_t nu,
                                                          int64_t norm, double eps, int64_t begin, int64_t end) {
   const int64_t w = 2 * d, E = w * nu;
-  std::vector<T> r_buffer(w), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
-  const T* __restrict__ r = r_buffer.data();
+  // r_buffer = [r[w - nu:], r, r[:nu]]: r[j -/+ i] at r + nu + j -/+ i without a modulo (dr_terms)
+  std::vector<T> r_buffer(w + 2 * nu), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
+  const T* __restrict__ r = r_buffer.data() + nu;
   T* __restrict__ dr = dr_buffer.data();
   for (int64_t n = begin; n < end; ++n) {
     const T* xn = X + n * d;
-    relu_pair(xn, r_buffer.data(), d);
+    relu_pair(xn, r_buffer.data() + nu, d);
+    std::copy(r + w - nu, r + w, r_buffer.data());
+    std::copy(r, r + nu, r_buffer.data() + nu + w);
     const T* __restrict__ g = G + n * E;
     if (norm != kNone) {
       T* __restrict__ phi = phi_buffer.data();
@@ -109,33 +155,13 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
       }
       g = dphi;
     }
-    std::fill(dr_buffer.begin(), dr_buffer.end(), T(0));
-    for (int64_t i = 1; i <= nu; ++i, g += w) {
-      for (int64_t j = 0; j < i; ++j) dr[j] += g[j] * r[j - i + w];
-      for (int64_t j = i; j < w; ++j) dr[j] += g[j] * r[j - i];
-      for (int64_t j = 0; j < w - i; ++j) dr[j] += g[j + i] * r[j + i];
-      for (int64_t j = w - i; j < w; ++j) dr[j] += g[j + i - w] * r[j + i - w];
-    }
+    dr_terms(g, r_buffer.data(), dr, w, nu);
     T* dxn = DX + n * d;
     for (int64_t k = 0; k < d; ++k) {
       const T v = xn[k];
       dxn[k] = v > T(0) ? dr[k] : (v < T(0) ? -dr[k + d] : T(0));
     }
   }
-}
-
-// 32 bytes of T (GCC/Clang vector extension): one AVX2 register, two SSE2 ones in the baseline clone
-template <typename T>
-struct Lanes {
-  typedef T Vec __attribute__((vector_size(32)));
-  static constexpr int64_t kWidth = 32 / sizeof(T);
-};
-
-template <typename T>
-inline __attribute__((always_inline)) typename Lanes<T>::Vec load(const T* p) {
-  typename Lanes<T>::Vec v;
-  std::memcpy(&v, p, sizeof v);  // an unaligned load: the rolled rows start anywhere
-  return v;
 }
 
 // Keys scored together: each load of the rows' features serves kKeys keys, and the kRows x kKeys partial
