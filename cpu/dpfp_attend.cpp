@@ -17,98 +17,18 @@
 #include "kernels.h"
 #include "dot.h"
 #include "dpfp_rows.h"
+#include "products.h"
 
 #include <ATen/Parallel.h>
 
-#include <cstring>
 #include <vector>
-
-// BLAS's Fortran entry points, weak: null where no loaded library defines them (ATen's cpublas does not export its
-// own gemm to extensions)
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
-            const double*, const int*, const double*, double*, const int*) __attribute__((weak));
-}
 
 namespace {
 
+using fw::blas_found;
 using fw::kNone;
-
-bool blas_found() { return sgemm_ != nullptr && dgemm_ != nullptr; }
-
-// column-major BLAS C [m, n] = op(A) op(B); a row-major X [r, c] is the column-major X^T (ld c)
-inline void gemm(char ta, char tb, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C,
-                 int ldc) {
-  const float one = 1, zero = 0;
-  sgemm_(&ta, &tb, &m, &n, &k, &one, A, &lda, B, &ldb, &zero, C, &ldc);
-}
-inline void gemm(char ta, char tb, int m, int n, int k, const double* A, int lda, const double* B, int ldb, double* C,
-                 int ldc) {
-  const double one = 1, zero = 0;
-  dgemm_(&ta, &tb, &m, &n, &k, &one, A, &lda, B, &ldb, &zero, C, &ldc);
-}
-
-// Row-major products of a head's buffers, through BLAS (column-major: a row-major X [r, c] is the column-major X^T)
-// or through the loops below.
-
-// C [m, n] = A [m, k] B [n, k]^T: BLAS, or dpfp_rows.h's feature_scores two rows of A at a time
-template <typename T>
-inline __attribute__((always_inline)) void mm_abt(int64_t m, int64_t n, int64_t k, const T* A, const T* B, T* C,
-                                                  bool blas) {
-  if (blas) return gemm('T', 'N', n, m, k, B, k, A, k, C, n);
-  int64_t r = 0;
-  for (; r + 2 <= m; r += 2) {
-    const T* rows[2] = {A + r * k, A + (r + 1) * k};
-    fw::feature_scores<T, 2>(rows, B, C + r * n, n, k, k, n);
-  }
-  if (r < m) {
-    const T* rows[1] = {A + r * k};
-    fw::feature_scores<T, 1>(rows, B, C + r * n, n, k, k, n);
-  }
-}
-
-// out [kRows, n] = A [kRows, k] B [k, n] (A's rows at stride k): n is taken in tiles of kTile vectors whose
-// kRows x kTile partial sums stay in registers while B's rows stream through (8 of AVX2's 16 at kRows = 4)
-constexpr int kTile = 2;
-
-template <typename T, int kRows>
-inline __attribute__((always_inline)) void weighted_rows(const T* A, int64_t k, const T* B, int64_t n, T* out) {
-  using Vec = typename fw::Lanes<T>::Vec;
-  constexpr int64_t L = fw::Lanes<T>::kWidth, W = L * kTile;
-  int64_t j = 0;
-  for (; j + W <= n; j += W) {
-    Vec acc[kRows][kTile] = {};
-    for (int64_t i = 0; i < k; ++i) {
-      Vec b[kTile];
-      for (int v = 0; v < kTile; ++v) b[v] = fw::load(B + i * n + j + v * L);
-      for (int r = 0; r < kRows; ++r) {
-        const T a = A[r * k + i];
-        for (int v = 0; v < kTile; ++v) acc[r][v] += a * b[v];
-      }
-    }
-    for (int r = 0; r < kRows; ++r)
-      for (int v = 0; v < kTile; ++v) std::memcpy(out + r * n + j + v * L, &acc[r][v], sizeof(Vec));
-  }
-  for (; j < n; ++j)  // the columns past the last whole tile
-    for (int r = 0; r < kRows; ++r) {
-      T total = T(0);
-      for (int64_t i = 0; i < k; ++i) total += A[r * k + i] * B[i * n + j];
-      out[r * n + j] = total;
-    }
-}
-
-// C [m, n] = A [m, k] B [k, n]: BLAS, or weighted_rows four rows of A at a time
-template <typename T>
-inline __attribute__((always_inline)) void mm_ab(int64_t m, int64_t n, int64_t k, const T* A, const T* B, T* C,
-                                                 bool blas) {
-  if (blas) return gemm('N', 'N', n, m, k, B, n, A, k, C, n);
-  constexpr int kRows = 4;
-  int64_t r = 0;
-  for (; r + kRows <= m; r += kRows) weighted_rows<T, kRows>(A + r * k, k, B, n, C + r * n);
-  for (; r < m; ++r) weighted_rows<T, 1>(A + r * k, k, B, n, C + r * n);
-}
+using fw::mm_ab;
+using fw::mm_abt;
 
 // The two kinds of call: the sum rule's normalised read (A, s), and the delta rule's products (P, X)
 enum Kind : int64_t { kRead = 0, kGram = 1 };
@@ -284,16 +204,38 @@ void check(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, int64_t k
 // heads a task takes: a head's products are tens of microseconds on a training batch
 constexpr int64_t kHeadGrain = 2;
 
-Shape shape_of(const torch::Tensor& q, const torch::Tensor& k, int64_t nu, int64_t norm, double eps) {
-  return Shape{q.size(2), k.size(2), q.size(3), nu, norm, eps};
-}
+// What both directions take from their arguments, checked: the heads (d contiguous), the key padding mask as a
+// contiguous bool [B, T] (or undefined), the shape, and whether the products go to BLAS
+struct Call {
+  torch::Tensor q, k, pad;
+  Shape x;
+  int64_t B, H;
+  Kind kind;
+  bool blas;
 
-// key_padding_mask [B, T] (true at padding) as a contiguous bool tensor, or an undefined one
-torch::Tensor pad_of(const c10::optional<torch::Tensor>& mask, const torch::Tensor& k, const char* fn) {
-  if (!mask || !mask->defined()) return torch::Tensor();
-  TORCH_CHECK(mask->sizes() == torch::IntArrayRef({k.size(0), k.size(2)}), fn, ": key_padding_mask must be [B, T]");
-  return mask->to(torch::kBool).contiguous();
-}
+  Call(const torch::Tensor& q_, const torch::Tensor& k_, const c10::optional<torch::Tensor>& mask, int64_t nu,
+       int64_t kind_, bool causal, int64_t norm, double eps, bool blas_, const char* fn) {
+    check(q_, k_, nu, kind_, causal, norm, fn);
+    q = last_contiguous(q_);
+    k = last_contiguous(k_);
+    if (mask && mask->defined()) {
+      TORCH_CHECK(mask->sizes() == torch::IntArrayRef({k.size(0), k.size(2)}), fn, ": key_padding_mask must be [B, T]");
+      pad = mask->to(torch::kBool).contiguous();
+    }
+    x = Shape{q.size(2), k.size(2), q.size(3), nu, norm, eps};
+    B = q.size(0);
+    H = q.size(1);
+    kind = Kind(kind_);
+    blas = blas_ && blas_found();
+  }
+
+  const bool* pad_data() const { return pad.defined() ? pad.data_ptr<bool>() : nullptr; }
+
+  template <typename T>
+  static Heads<const T> heads(const torch::Tensor& t) {
+    return Heads<const T>{t.data_ptr<T>(), t.size(1), t.stride(0), t.stride(1), t.stride(2)};
+  }
+};
 
 }  // namespace
 
@@ -301,21 +243,15 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_forward(const torch::Tensor
                                                               const c10::optional<torch::Tensor>& key_padding_mask,
                                                               int64_t nu, int64_t kind, bool causal, int64_t norm,
                                                               double eps, bool blas) {
-  check(q, k, nu, kind, causal, norm, "dpfp_attend_forward");
-  blas = blas && blas_found();
-  const auto qc = last_contiguous(q), kc = last_contiguous(k), pad = pad_of(key_padding_mask, k, "dpfp_attend_forward");
-  const Shape x = shape_of(qc, kc, nu, norm, eps);
-  const int64_t B = qc.size(0), H = qc.size(1);
-  const Kind kd = Kind(kind);
-  auto out = torch::empty({B, H, x.out_rows(kd), x.Tk}, qc.options());  // A, or [P; X]
-  auto sums = torch::empty({B, H, kd == kRead ? x.Tq : 0}, qc.options());  // s
-  const bool* P = pad.defined() ? pad.data_ptr<bool>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "dpfp_attend_forward", [&] {
-    const auto Q = heads_of(qc, qc.data_ptr<scalar_t>()), K = heads_of(kc, kc.data_ptr<scalar_t>());
-    const Heads<const scalar_t> Qr{Q.data, Q.H, Q.sb, Q.sh, Q.st}, Kr{K.data, K.H, K.sb, K.sh, K.st};
+  const Call c(q, k, key_padding_mask, nu, kind, causal, norm, eps, blas, "dpfp_attend_forward");
+  auto out = torch::empty({c.B, c.H, c.x.out_rows(c.kind), c.x.Tk}, c.q.options());  // A, or [P; X]
+  auto sums = torch::empty({c.B, c.H, c.kind == kRead ? c.x.Tq : 0}, c.q.options());  // s
+  AT_DISPATCH_FLOATING_TYPES(c.q.scalar_type(), "dpfp_attend_forward", [&] {
+    const auto Q = Call::heads<scalar_t>(c.q), K = Call::heads<scalar_t>(c.k);
     scalar_t *O = out.data_ptr<scalar_t>(), *S = sums.data_ptr<scalar_t>();
-    at::parallel_for(0, B * H, kHeadGrain,
-                     [&](int64_t b, int64_t e) { forward_range(Qr, Kr, P, O, S, x, kd, causal, blas, b, e); });
+    at::parallel_for(0, c.B * c.H, kHeadGrain, [&](int64_t b, int64_t e) {
+      forward_range(Q, K, c.pad_data(), O, S, c.x, c.kind, causal, c.blas, b, e);
+    });
   });
   return {out, sums};
 }
@@ -326,30 +262,24 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_backward(const torch::Tenso
                                                                const c10::optional<torch::Tensor>& key_padding_mask,
                                                                int64_t nu, int64_t kind, bool causal, int64_t norm,
                                                                double eps, bool blas) {
-  check(q, k, nu, kind, causal, norm, "dpfp_attend_backward");
-  blas = blas && blas_found();
-  const auto qc = last_contiguous(q), kc = last_contiguous(k), pad = pad_of(key_padding_mask, k, "dpfp_attend_backward");
-  const Shape x = shape_of(qc, kc, nu, norm, eps);
-  const int64_t B = qc.size(0), H = qc.size(1);
-  const Kind kd = Kind(kind);
-  const std::vector<int64_t> rows{B, H, x.out_rows(kd), x.Tk}, row_sums{B, H, x.Tq};
-  TORCH_CHECK(grad.sizes() == rows && (kd == kGram || (out.sizes() == rows && sums.sizes() == row_sums)),
+  const Call c(q, k, key_padding_mask, nu, kind, causal, norm, eps, blas, "dpfp_attend_backward");
+  const bool read = c.kind == kRead;
+  const std::vector<int64_t> rows{c.B, c.H, c.x.out_rows(c.kind), c.x.Tk}, row_sums{c.B, c.H, c.x.Tq};
+  TORCH_CHECK(grad.sizes() == rows && (!read || (out.sizes() == rows && sums.sizes() == row_sums)),
               "dpfp_attend_backward: grad (and with kind 0 out) must be dpfp_attend_forward's out's shape, sums its s");
-  const auto gc = grad.to(qc.scalar_type()).contiguous();
+  const auto dtype = c.q.scalar_type();
+  const auto gc = grad.to(dtype).contiguous();
   // kind 0 reads A and s again (dP's normalisation); kind 1 needs neither
-  const auto ac = kd == kRead ? out.to(qc.scalar_type()).contiguous() : out;
-  const auto sc = kd == kRead ? sums.to(qc.scalar_type()).contiguous() : sums;
-  auto dq = torch::empty_like(qc), dk = torch::empty_like(kc);  // in q's and k's layouts where they are dense
-  const bool* P = pad.defined() ? pad.data_ptr<bool>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES(qc.scalar_type(), "dpfp_attend_backward", [&] {
-    const auto Q = heads_of(qc, qc.data_ptr<scalar_t>()), K = heads_of(kc, kc.data_ptr<scalar_t>());
-    const Heads<const scalar_t> Qr{Q.data, Q.H, Q.sb, Q.sh, Q.st}, Kr{K.data, K.H, K.sb, K.sh, K.st};
+  const auto ac = read ? out.to(dtype).contiguous() : out, sc = read ? sums.to(dtype).contiguous() : sums;
+  auto dq = torch::empty_like(c.q), dk = torch::empty_like(c.k);  // in q's and k's layouts where they are dense
+  AT_DISPATCH_FLOATING_TYPES(dtype, "dpfp_attend_backward", [&] {
+    const auto Q = Call::heads<scalar_t>(c.q), K = Call::heads<scalar_t>(c.k);
     const auto DQ = heads_of(dq, dq.data_ptr<scalar_t>()), DK = heads_of(dk, dk.data_ptr<scalar_t>());
     const scalar_t* G = gc.data_ptr<scalar_t>();
-    const scalar_t* A = kd == kRead ? ac.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* S = kd == kRead ? sc.data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, B * H, kHeadGrain, [&](int64_t b, int64_t e) {
-      backward_range(G, A, S, Qr, Kr, P, DQ, DK, x, kd, causal, blas, b, e);
+    const scalar_t* A = read ? ac.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* S = read ? sc.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, c.B * c.H, kHeadGrain, [&](int64_t b, int64_t e) {
+      backward_range(G, A, S, Q, K, c.pad_data(), DQ, DK, c.x, c.kind, causal, c.blas, b, e);
     });
   });
   return {dq, dk};

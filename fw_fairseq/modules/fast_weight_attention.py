@@ -163,9 +163,8 @@ class FastWeightAttention(nn.Module):
         return writes._replace(phi_k=self._features(writes.keys, is_query=False), v=v)
 
     def _short_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
-        """Training's and validation's read where the feature map computes the rule's read of a short sequence from
-        the raw heads in one op (FeatureMap.short_read: DPFP on the CPU kernel for the sum rule and the causal delta
-        rule): y [B, H, T, D], the z column divided out. None elsewhere: phi is formed and the rule runs."""
+        """The rule's read of a short sequence [B, H, T, D] (the z column divided out) where the feature map has it
+        from the raw heads in one op (FeatureMap.short_read: DPFP on the CPU kernel), else None."""
         norm = self.delta_norm if self.rule.normalised_phi else None
         return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars, key_padding_mask,
                                    self.path == CAUSAL, norm)
@@ -216,8 +215,8 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, dtype)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
-            # training and validation keep nothing: a short sequence may be read from the raw heads
-            o = self._short_read(q_heads, writes, key_padding_mask) if buffer is None else None
+            # training and validation keep nothing (no buffer): a short sequence may be read from the raw heads
+            o = self._short_read(q_heads, writes, key_padding_mask) if buffer is None and writes is not None else None
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
                 writes = self._with_features(writes, key_padding_mask) if writes is not None else None

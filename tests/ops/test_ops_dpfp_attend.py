@@ -164,3 +164,17 @@ def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
     for a, b in zip((dq, dk), torch.autograd.grad(ref, (qc, kc), torch.ones_like(ref))):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda kn, q, k: kn.dpfp_attend_forward(q, k, None, 2, 1, False, 0, 1e-6, True), "the products \\(kind 1\\) are causal"),
+    (lambda kn, q, k: kn.dpfp_attend_forward(q, k[:, :, :2], None, 2, 0, True, 0, 1e-6, True), "causal needs as many"),
+    (lambda kn, q, k: kn.dpfp_attend_forward(q, k, None, 9, 0, False, 0, 1e-6, True), "nu must be in 1..2d-1"),
+    (lambda kn, q, k: kn.dpfp_attend_forward(q, k.float(), None, 2, 0, False, 0, 1e-6, True), "share a dtype"),
+    (lambda kn, q, k: kn.dpfp_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 2, 0, False, 0, 1e-6, True),
+     "key_padding_mask must be \\[B, T\\]"),
+])
+def test_the_kernel_refuses_what_it_cannot_compute(call, message):
+    q, k, _ = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=10))
+    with pytest.raises(RuntimeError, match=message):
+        call(cpu_kernel(q), q, k)
