@@ -1,6 +1,7 @@
 """The compiled CPU extension fw_fairseq._cpu (setup.py builds cpu/*.cpp into it, wherever a C++ compiler
 was there at install time), for the ops that have a kernel there: DPFP's forward and backward and its
-scores from raw keys (dpfp_function.py), a decoding step of the state (step.py). Each op also has a
+scores from raw keys (dpfp_function.py), a short sequence's read from raw heads (dpfp_attend.py), a decoding step
+of the state (step.py). Each op also has a
 PyTorch form, the same function, which runs where the extension was not built or does not take the
 tensors (not on the CPU, or neither float32 nor float64).
 """
