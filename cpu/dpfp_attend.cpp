@@ -21,6 +21,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -50,9 +51,10 @@ struct Heads {
   P* row(int64_t n, int64_t t) const { return data + (n / H) * sb + (n % H) * sh + t * st; }
 };
 
+// the heads of x [B, H, T, d] as Heads<const T> (read) or Heads<T> (written)
 template <typename P>
-Heads<P> heads_of(const torch::Tensor& x, P* data) {
-  return Heads<P>{data, x.size(1), x.stride(0), x.stride(1), x.stride(2)};
+Heads<P> heads_of(const torch::Tensor& x) {
+  return Heads<P>{x.data_ptr<std::remove_const_t<P>>(), x.size(1), x.stride(0), x.stride(1), x.stride(2)};
 }
 
 // the Tn rows of head n into out [Tn, d]; where pad (a [B, T] row of the head's sentence, true at padding) is given,
@@ -230,11 +232,6 @@ struct Call {
   }
 
   const bool* pad_data() const { return pad.defined() ? pad.data_ptr<bool>() : nullptr; }
-
-  template <typename T>
-  static Heads<const T> heads(const torch::Tensor& t) {
-    return Heads<const T>{t.data_ptr<T>(), t.size(1), t.stride(0), t.stride(1), t.stride(2)};
-  }
 };
 
 }  // namespace
@@ -247,7 +244,7 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_forward(const torch::Tensor
   auto out = torch::empty({c.B, c.H, c.x.out_rows(c.kind), c.x.Tk}, c.q.options());  // A, or [P; X]
   auto sums = torch::empty({c.B, c.H, c.kind == kRead ? c.x.Tq : 0}, c.q.options());  // s
   AT_DISPATCH_FLOATING_TYPES(c.q.scalar_type(), "dpfp_attend_forward", [&] {
-    const auto Q = Call::heads<scalar_t>(c.q), K = Call::heads<scalar_t>(c.k);
+    const auto Q = heads_of<const scalar_t>(c.q), K = heads_of<const scalar_t>(c.k);
     scalar_t *O = out.data_ptr<scalar_t>(), *S = sums.data_ptr<scalar_t>();
     at::parallel_for(0, c.B * c.H, kHeadGrain, [&](int64_t b, int64_t e) {
       forward_range(Q, K, c.pad_data(), O, S, c.x, c.kind, causal, c.blas, b, e);
@@ -273,8 +270,8 @@ std::tuple<torch::Tensor, torch::Tensor> dpfp_attend_backward(const torch::Tenso
   const auto ac = read ? out.to(dtype).contiguous() : out, sc = read ? sums.to(dtype).contiguous() : sums;
   auto dq = torch::empty_like(c.q), dk = torch::empty_like(c.k);  // in q's and k's layouts where they are dense
   AT_DISPATCH_FLOATING_TYPES(dtype, "dpfp_attend_backward", [&] {
-    const auto Q = Call::heads<scalar_t>(c.q), K = Call::heads<scalar_t>(c.k);
-    const auto DQ = heads_of(dq, dq.data_ptr<scalar_t>()), DK = heads_of(dk, dk.data_ptr<scalar_t>());
+    const auto Q = heads_of<const scalar_t>(c.q), K = heads_of<const scalar_t>(c.k);
+    const auto DQ = heads_of<scalar_t>(dq), DK = heads_of<scalar_t>(dk);
     const scalar_t* G = gc.data_ptr<scalar_t>();
     const scalar_t* A = read ? ac.data_ptr<scalar_t>() : nullptr;
     const scalar_t* S = read ? sc.data_ptr<scalar_t>() : nullptr;

@@ -137,9 +137,8 @@ inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X,
   T* __restrict__ dr = dr_buffer.data();
   for (int64_t n = begin; n < end; ++n) {
     const T* xn = X + n * d;
-    relu_pair(xn, r_buffer.data() + nu, d);
-    std::copy(r + w - nu, r + w, r_buffer.data());
-    std::copy(r, r + nu, r_buffer.data() + nu + w);
+    rolled_row(xn, r_buffer.data(), d, nu);  // [r[w - nu:], r]
+    std::copy(r, r + nu, r_buffer.data() + nu + w);  // and r[:nu] after it
     const T* __restrict__ g = G + n * E;
     if (norm != kNone) {
       T* __restrict__ phi = phi_buffer.data();
