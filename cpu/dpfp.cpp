@@ -14,6 +14,7 @@
 #include "kernels.h"
 #include "dot.h"
 #include "dpfp_rows.h"
+#include "map_rows.h"
 
 #include <ATen/Parallel.h>
 
@@ -23,8 +24,6 @@
 
 namespace {
 
-using fw::backward_rows;
-using fw::forward_rows;
 using fw::kL2;
 using fw::kNone;
 using fw::kSum;
@@ -52,19 +51,23 @@ inline __attribute__((always_inline)) void scores_head(const T* Q, const T* K, T
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it.
 FW_CLONES void forward_range(const float* X, float* P, int64_t d, int64_t nu, int64_t norm, double eps, int64_t b,
                              int64_t e) {
-  forward_rows(X, P, d, nu, norm, eps, b, e);
+  fw::DpfpRow<float> map(d, nu);
+  fw::forward_rows(map, X, P, norm, eps, b, e);
 }
 FW_CLONES void forward_range(const double* X, double* P, int64_t d, int64_t nu, int64_t norm, double eps, int64_t b,
                              int64_t e) {
-  forward_rows(X, P, d, nu, norm, eps, b, e);
+  fw::DpfpRow<double> map(d, nu);
+  fw::forward_rows(map, X, P, norm, eps, b, e);
 }
 FW_CLONES void backward_range(const float* G, const float* X, float* DX, int64_t d, int64_t nu, int64_t norm,
                               double eps, int64_t b, int64_t e) {
-  backward_rows(G, X, DX, d, nu, norm, eps, b, e);
+  fw::DpfpRow<float> map(d, nu);
+  fw::backward_rows(map, G, X, DX, norm, eps, b, e);
 }
 FW_CLONES void backward_range(const double* G, const double* X, double* DX, int64_t d, int64_t nu, int64_t norm,
                               double eps, int64_t b, int64_t e) {
-  backward_rows(G, X, DX, d, nu, norm, eps, b, e);
+  fw::DpfpRow<double> map(d, nu);
+  fw::backward_rows(map, G, X, DX, norm, eps, b, e);
 }
 
 FW_CLONES void scores_range(const float* Q, const float* K, float* S, int64_t H, int64_t R, int64_t t,

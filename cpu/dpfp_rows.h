@@ -1,6 +1,6 @@
-// DPFP's per-row pieces shared by dpfp.cpp, dpfp_attend.cpp and lazy_step.cpp: r = [relu(x), relu(-x)], phi of
-// rows and its backward (normalised if asked), the scores of rows against phi of raw keys (phi formed a few keys
-// at a time and never stored), and the scores against a cache of features (the other maps' lazy step).
+// DPFP's per-row pieces shared by map_rows.h and lazy_step.cpp: r = [relu(x), relu(-x)], phi of a row and its
+// backward's dr, the scores of rows against phi of raw keys (phi formed a few keys at a time and never stored), and
+// the scores against a cache of features (the other maps' lazy step, feature_attend.cpp).
 #pragma once
 
 #include <algorithm>
@@ -71,29 +71,6 @@ inline __attribute__((always_inline)) void phi_row(const T* __restrict__ r, T* _
   }
 }
 
-// the norm of a row of phi [E] (norm kSum or kL2)
-template <typename T>
-inline __attribute__((always_inline)) T row_size(const T* row, int64_t E, int64_t norm) {
-  return norm == kSum ? sum(row, E) : std::sqrt(dot(row, row, E));
-}
-
-// phi of rows [begin, end): X [rows, d] -> P [rows, w nu], divided by max(norm, eps) with norm kNone (none),
-// kSum (sum) or kL2 (2-norm) over the row: normalize_function.py's maths, in the same pass
-template <typename T>
-inline __attribute__((always_inline)) void forward_rows(const T* X, T* P, int64_t d, int64_t nu, int64_t norm,
-                                                        double eps, int64_t begin, int64_t end) {
-  const int64_t w = 2 * d, E = w * nu;
-  std::vector<T> buffer(w);
-  for (int64_t n = begin; n < end; ++n) {
-    relu_pair(X + n * d, buffer.data(), d);
-    T* __restrict__ row = P + n * E;
-    phi_row(buffer.data(), row, w, nu);
-    if (norm == kNone) continue;
-    const T scale = T(1) / std::max(row_size(row, E, norm), T(eps));
-    for (int64_t e = 0; e < E; ++e) row[e] *= scale;
-  }
-}
-
 // dr [w] of one row from g = dphi [w nu]: dr[j] = sum_i g_i[j] r[j - i] + g_i[j + i] r[j + i] (indices mod w), r at
 // r_ext + nu with r_ext = [r[w - nu:], r, r[:nu]]. Each vector of dr sums its 2 nu terms in a register and is stored
 // once; g_i[j + i] wraps only for the last nu entries, which go one at a time.
@@ -120,46 +97,6 @@ inline __attribute__((always_inline)) void dr_terms(const T* __restrict__ g, con
       total += gi[j] * r[j - i] + gi[ahead] * r[j + i];
     }
     dr[j] = total;
-  }
-}
-
-// dx of rows [begin, end) from G [rows, w nu] and X [rows, d]. With a norm, G is the gradient of y = phi / c,
-// c = max(size, eps), and the row's phi is formed again for the normalisation's backward first
-// (normalize_function.py): dphi = (g - y (y . g)) / c for l2, (g - (y . g)) / c for sum, and g / c where the
-// size was clamped (c is then the constant eps).
-template <typename T>
-inline __attribute__((always_inline)) void backward_rows(const T* G, const T* X, T* DX, int64_t d, int64_t nu,
-                                                         int64_t norm, double eps, int64_t begin, int64_t end) {
-  const int64_t w = 2 * d, E = w * nu;
-  // r_buffer = [r[w - nu:], r, r[:nu]]: r[j -/+ i] at r + nu + j -/+ i without a modulo (dr_terms)
-  std::vector<T> r_buffer(w + 2 * nu), dr_buffer(w), phi_buffer(norm == kNone ? 0 : E), dphi_buffer(norm == kNone ? 0 : E);
-  const T* __restrict__ r = r_buffer.data() + nu;
-  T* __restrict__ dr = dr_buffer.data();
-  for (int64_t n = begin; n < end; ++n) {
-    const T* xn = X + n * d;
-    rolled_row(xn, r_buffer.data(), d, nu);  // [r[w - nu:], r]
-    std::copy(r, r + nu, r_buffer.data() + nu + w);  // and r[:nu] after it
-    const T* __restrict__ g = G + n * E;
-    if (norm != kNone) {
-      T* __restrict__ phi = phi_buffer.data();
-      T* __restrict__ dphi = dphi_buffer.data();
-      phi_row(r, phi, w, nu);
-      const T size = row_size(phi, E, norm), c = std::max(size, T(eps)), inv = T(1) / c;
-      const T y_dot_g = size > T(eps) ? dot(phi, g, E) * inv : T(0);
-      if (norm == kL2) {
-        const T k = y_dot_g * inv;  // y_e (y . g) = phi_e k
-        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - phi[e] * k) * inv;
-      } else {
-        for (int64_t e = 0; e < E; ++e) dphi[e] = (g[e] - y_dot_g) * inv;
-      }
-      g = dphi;
-    }
-    dr_terms(g, r_buffer.data(), dr, w, nu);
-    T* dxn = DX + n * d;
-    for (int64_t k = 0; k < d; ++k) {
-      const T v = xn[k];
-      dxn[k] = v > T(0) ? dr[k] : (v < T(0) ? -dr[k + d] : T(0));
-    }
   }
 }
 
@@ -216,7 +153,7 @@ inline __attribute__((always_inline)) void score_block(const T* const* Q, const 
 }
 
 // S [kRows, t] (row stride `stride`) of one head for a cache of the features themselves (ELU+1, FAVOR+), or of a
-// training batch's features (dpfp_attend.cpp): rows Q[q] . K_s, E wide, kKeys keys per load of the rows as above
+// training batch's features (feature_attend.cpp): rows Q[q] . K_s, E wide, kKeys keys per load of the rows as above
 template <typename T, int kRows, int kBlock>
 inline __attribute__((always_inline)) void feature_block(const T* const* Q, const T* K, T* S, int64_t stride,
                                                          int64_t s0, int64_t ks, int64_t E) {

@@ -1,4 +1,4 @@
-// Row-major products of small matrices for the CPU kernels (dpfp_attend.cpp): through BLAS where the loaded torch
+// Row-major products of small matrices for the CPU kernels (feature_attend.cpp): through BLAS where the loaded torch
 // exports it, else through register-blocked loops.
 #pragma once
 

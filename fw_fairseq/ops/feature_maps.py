@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dpfp_attend import dpfp_short_read
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
+from .feature_attend import short_read
 from .guards import hand_written_backward, records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
 from .step import fused_lazy_step
@@ -143,13 +143,22 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
+    # The map's name among the CPU kernel's row forms (cpu_extension.KERNEL_MAPS), None where it has none, and the
+    # nu it takes (DPFP's; 0 for the others)
+    kernel_map = None
+    kernel_nu = 0
+
     def short_read(self, rule, q, k, v, scalars, key_padding_mask, causal, norm):
         """The read [B, H, Tq, M] of rule `rule` (a RULES name; the sum rule's divided by its z column) from the raw
         heads q [B, H, Tq, d_key], k [B, H, T, d_key], values v [B, H, T, M] and the rule's scalars [B, H, T] (all
         at their pad values where key_padding_mask [B, T] is True), phi normalised by `norm` where the rule has one,
-        in one op where the map has one for that rule and length; else None: the caller forms phi and runs the
-        rule, the same function. By default there is none."""
-        return None
+        in one op where the map has a row form in the CPU kernel and it has a read for that rule and length: phi of
+        a head's rows formed in cache, never as [B, H, T, E] tensors (feature_attend.py). Else None: the caller forms
+        phi and runs the rule, the same function."""
+        if self.kernel_map is None:
+            return None
+        return short_read(self.kernel_map, self.kernel_nu, self.out_dim, rule, q, k, v, scalars, causal, norm,
+                          key_padding_mask)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
         """Generation's decoding step over the cache (decoder_state.lazy_step's (o, u)) in one kernel call, or
@@ -162,6 +171,8 @@ class FeatureMap(nn.Module, abc.ABC):
 
 class EluPlusOne(FeatureMap):
     """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), E = d_key."""
+
+    kernel_map = "elu"
 
     @property
     def out_dim(self):
@@ -199,9 +210,11 @@ class Dpfp(FeatureMap):
         # alone takes its forms
         return _eager_form(DpfpFunction, _normalized_dpfp, dpfp_forward, x, self.nu, kind)
 
-    def short_read(self, rule, q, k, v, scalars, key_padding_mask, causal, norm):
-        # phi of a head's rows formed in cache by the CPU kernel, never as [B, H, T, E] tensors (dpfp_attend.py)
-        return dpfp_short_read(rule, q, k, v, scalars, self.nu, causal, norm, key_padding_mask)
+    kernel_map = "dpfp"
+
+    @property
+    def kernel_nu(self):
+        return self.nu
 
     # Cached as the raw keys (d wide, not 2 d nu): phi is products of the key's own entries, which the
     # CPU kernel forms in registers while it scores (dpfp_function.dpfp_scores).
@@ -234,6 +247,8 @@ class Hedgehog(FeatureMap):
     before the softmax is left out: the q and k projections before the map are linear already. Each
     softmax is over one key's own entries, so the map is bounded (sum phi = 2) and needs no fp32 guard.
     """
+
+    kernel_map = "hedgehog"
 
     @property
     def out_dim(self):

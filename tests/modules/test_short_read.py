@@ -1,5 +1,6 @@
-"""FastWeightAttention's read of a short sequence from the raw heads (FeatureMap.short_read: DPFP on the CPU kernel,
-for the sum rule on each path and the causal delta rule) is the same function as forming phi and running the rule:
+"""FastWeightAttention's read of a short sequence from the raw heads (FeatureMap.short_read: DPFP, ELU+1 and Hedgehog on
+the CPU kernel, for the sum rule on each path and the causal delta rule) is the same function as forming phi and
+running the rule:
 outputs and every gradient (parameters and inputs) in float64, with padding, in training mode; and where the
 sequence is not short (no short read: the rule runs)."""
 import pytest
@@ -8,27 +9,25 @@ import torch
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
 from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
 from fw_fairseq.ops.cpu_extension import cpu_kernel
-from fw_fairseq.ops.feature_maps import Dpfp, FeatureMap
+from fw_fairseq.ops.cpu_extension import KERNEL_MAPS
+from fw_fairseq.ops.feature_maps import FeatureMap
 
-FUSED_READ = Dpfp.short_read
+FUSED_READ = FeatureMap.short_read
 C, H = 16, 2  # d_key 8
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
 CASES = [("sum", "encoder"), ("sum", "causal"), ("sum", "cross"), ("delta", "causal")]
 
 
-def run(rule, path, T, S, fused, monkeypatch, seed=3):
+def run(name, rule, path, T, S, fused, monkeypatch, seed=3):
     """(output, gradients of the parameters and of query and key, whether the short read ran) of one training call."""
     ran = []
-    if fused:
-        def spy(self, *args):
-            ran.append(FUSED_READ(self, *args))
-            return ran[-1]
-        monkeypatch.setattr(Dpfp, "short_read", spy)
-    else:
-        monkeypatch.setattr(Dpfp, "short_read", FeatureMap.short_read)
+    def spy(self, *args):
+        ran.append(FUSED_READ(self, *args) if fused else None)
+        return ran[-1]
+    monkeypatch.setattr(FeatureMap, "short_read", spy)
     torch.manual_seed(0)
-    config = FastWeightConfig("dpfp", rule, 2, 8, frozenset(), 1, delta_norm="l2", encoder_conv=3)
+    config = FastWeightConfig(name, rule, 2, 8, frozenset(), 1, delta_norm="l2", encoder_conv=3)
     attn = FastWeightAttention(C, H, config, **PATHS[path]).double().train()
     g = torch.Generator().manual_seed(seed)
     B = 3
@@ -47,16 +46,17 @@ def run(rule, path, T, S, fused, monkeypatch, seed=3):
     return out, grads, any(y is not None for y in ran)
 
 
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
 @pytest.mark.parametrize("rule,path", CASES)
 @pytest.mark.parametrize("long", [False, True])
-def test_the_short_read_is_the_rules_function(rule, path, long, monkeypatch):
+def test_the_short_read_is_the_rules_function(name, rule, path, long, monkeypatch):
     if cpu_kernel(torch.zeros(1, dtype=torch.float64)) is None:
         pytest.skip("fw_fairseq._cpu is not built")
     limit = SUM_CHUNK_SIZE if rule == "sum" else DELTA_ONE_CHUNK_MAX
     T, S = (limit + 3, 80) if long else (6, 9)
-    out, grads, fused = run(rule, path, T, S, True, monkeypatch)
+    out, grads, fused = run(name, rule, path, T, S, True, monkeypatch)
     assert fused != long  # the short sentences read through the kernel, the long ones not
-    ref_out, ref_grads, _ = run(rule, path, T, S, False, monkeypatch)
+    ref_out, ref_grads, _ = run(name, rule, path, T, S, False, monkeypatch)
     torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
     for ours, ref in zip(grads, ref_grads):
         torch.testing.assert_close(ours, ref, rtol=1e-9, atol=1e-11)

@@ -1,0 +1,229 @@
+"""short_read (a short sequence's read from raw heads, on cpu/feature_attend.cpp) against the plain compositions it
+replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog). The sum rule: divide_by_z of
+(phi(q) phi(k)^T) [v; 1] (tril where causal), with padded keys' value rows zeroed; the causal delta rule:
+fast_weight_delta of normalised features, with padded positions at beta = 0. Outputs and gradients of every input in
+float64, its products through BLAS and through the kernel's own loops, every width of nu, padding, causal and not,
+both norms, the maps' exp where it underflows, gradcheck, no autograd; double backward refused; where it does not run
+it says so (None)."""
+import pytest
+import torch
+
+from fw_fairseq.ops import (PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one, fast_weight_delta,
+                            feature_attend, feature_map)
+from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
+from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.rules import short_order
+
+# the maps' plain formulas (feature_maps.py), by kernel name: x [..., d], nu (DPFP's) -> phi [..., E]
+PLAIN = {"dpfp": dpfp, "elu": lambda x, nu: elu_plus_one(x),
+         "hedgehog": lambda x, nu: torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1)}
+WIDTH = {"dpfp": lambda d, nu: 2 * d * nu, "elu": lambda d, nu: d, "hedgehog": lambda d, nu: 2 * d}
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["blas", "loops"])
+def products(request, monkeypatch):
+    if cpu_kernel(torch.zeros(1)) is None:
+        pytest.skip("fw_fairseq._cpu is not built")
+    if request.param and not cpu_kernel(torch.zeros(1)).feature_attend_blas():
+        pytest.skip("the loaded torch exports no BLAS")
+    monkeypatch.setattr(feature_attend, "BLAS", request.param)
+
+
+def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
+    width = WIDTH[name](q.shape[-1], nu)
+    return feature_attend.short_read(name, nu, width, rule, q, k, v, scalars, causal, norm, pad)
+
+
+def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):
+    return read("sum", name, q, k, v, (), nu, causal, None, pad)
+
+
+def plain(q, k, v, nu, causal, pad=None, name="dpfp"):
+    """The composition the module runs without the kernel: phi formed, the z column appended, padded value rows
+    zeroed (phi of a padded key may stay: it is multiplied by 0)."""
+    u = append_z_column(v)
+    if pad is not None:
+        u = u.masked_fill(pad[:, None, :, None], 0.0)
+    scores = PLAIN[name](q, nu) @ PLAIN[name](k, nu).transpose(-1, -2)
+    return divide_by_z((scores.tril() if causal else scores) @ u)
+
+
+def inputs(B, H, Tq, T, d, M, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, w, generator=g, dtype=dtype).requires_grad_() for n, w in ((Tq, d), (T, d), (T, M))]
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,H,Tq,T,d,nu,M", [(2, 3, 5, 7, 4, 2, 6), (1, 2, 9, 9, 3, 5, 8), (3, 2, 44, 44, 64, 2, 64),
+                                             (2, 1, 13, 30, 8, 4, 40), (1, 1, 1, 1, 1, 1, 1)])
+def test_matches_the_plain_composition(name, causal, B, H, Tq, T, d, nu, M):
+    if causal and Tq != T:
+        Tq = T
+    q, k, v = inputs(B, H, Tq, T, d, M, seed=Tq * 31 + T)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[0, : T // 3] = True  # fairseq pads sources on the left
+    ours, ref = sum_read(q, k, v, nu, causal, name, pad), plain(q, k, v, nu, causal, pad, name)
+    if not causal and not short_order(Tq, T, WIDTH[name](d, nu), M + 1):
+        assert ours is None  # the memory's order is the cheaper: the rule runs it
+        return
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v), upstream),
+                             torch.autograd.grad(ref, (q, k, v), upstream)):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+def test_float32_is_close_to_float64(name):
+    q, k, v = inputs(4, 2, 20, 20, 64, 64, seed=3)
+    ref = plain(q, k, v, 2, True, name=name)
+    ours = sum_read(*(x.detach().float() for x in (q, k, v)), 2, True, name)
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["elu", "hedgehog"])
+def test_the_maps_exp_where_it_underflows(name, dtype):
+    """Heads of every scale up to 800 (ELU+1 and Hedgehog take exp of x, or of x less its largest entry): entries
+    far below the largest give exp of 0 in the kernel as in torch, and the read and its gradients stay those of
+    the plain composition."""
+    q, k, v = inputs(2, 2, 9, 9, 16, 8, seed=11)
+    scale = torch.logspace(-2, 2.9, 16, dtype=torch.float64)  # one scale per entry of a head
+    q, k = ((x.detach() * scale).to(dtype).requires_grad_() for x in (q, k))
+    v = v.detach().to(dtype).requires_grad_()
+    ours, ref = sum_read(q, k, v, 0, True, name), plain(q, k, v, 0, True, name=name)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours, ref, **tol)
+    upstream = torch.randn_like(ref)
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v), upstream),
+                             torch.autograd.grad(ref, (q, k, v), upstream)):
+        torch.testing.assert_close(g_ours, g_ref, **tol)
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck(name, causal):
+    q, k, v = inputs(1, 2, 4, 4, 3, 8, seed=7)  # M = 8: the short order for every map
+    assert torch.autograd.gradcheck(lambda *x: sum_read(*x, 2, causal, name), (q, k, v))
+
+
+def test_without_autograd_it_reads_the_same():
+    q, k, v = inputs(2, 2, 6, 8, 5, 8, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(sum_read(q, k, v, 2, False), plain(q, k, v, 2, False),
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_double_backward_is_refused():
+    q, k, v = inputs(1, 1, 3, 3, 2, 2, seed=2)
+    (dq,) = torch.autograd.grad(sum_read(q, k, v, 1, False).sum(), q, create_graph=False)
+    assert dq.shape == q.shape
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(sum_read(q, k, v, 1, False).sum(), q, create_graph=True)
+
+
+@pytest.mark.parametrize("case", ["half", "empty", "dtypes"])
+def test_where_it_does_not_run_it_says_none(case):
+    q, k, v = (x.detach() for x in inputs(1, 1, 3, 3, 2, 2, seed=4))
+    if case == "half":
+        q, k, v = (x.half() for x in (q, k, v))
+    elif case == "empty":
+        k, v = k[:, :, :0], v[:, :, :0]
+    else:
+        q = q.float()
+    assert sum_read(q, k, v, 1, False) is None
+
+
+def test_the_maps_with_a_row_form_offer_it_and_favor_does_not():
+    q, k, v = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=5))
+    for name in KERNEL_MAPS:
+        ours = feature_map(name, 4, nu=2).short_read("sum", q, k, v, (), None, False, None)
+        torch.testing.assert_close(ours, plain(q, k, v, 2, False, name=name), rtol=1e-10, atol=1e-12)
+    assert feature_map("favor", 4, m=4).short_read("sum", q, k, v, (), None, False, None) is None
+
+
+@pytest.mark.parametrize("rule,causal,T", [("sum", True, SUM_CHUNK_SIZE + 1), ("sum", False, 300),
+                                           ("delta", True, DELTA_ONE_CHUNK_MAX + 1), ("delta", False, 5),
+                                           ("gated_delta", True, 5)])
+def test_no_read_where_the_rule_takes_another_order(rule, causal, T):
+    """Past one chunk, or a long non-causal read (the memory's order), or a rule without a read here: None."""
+    q, k, v = (x.detach() for x in inputs(1, 1, T, T, 4, 2, seed=6))
+    scalars = () if rule == "sum" else (torch.rand(1, 1, T, dtype=torch.float64),) * (1 if rule == "delta" else 2)
+    assert read(rule, "dpfp", q, k, v, scalars, 2, causal, None if rule == "sum" else "l2") is None
+
+
+def delta_plain(q, k, v, beta, nu, norm, name="dpfp"):
+    phi = PLAIN[name]
+    return fast_weight_delta(PHI_NORMS[norm](phi(q, nu)), PHI_NORMS[norm](phi(k, nu)), v, beta)[0]
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+@pytest.mark.parametrize("norm", ["l2", "sum"])
+@pytest.mark.parametrize("B,H,T,d,nu,M", [(2, 3, 7, 4, 2, 6), (1, 2, 9, 3, 5, 2), (3, 2, 44, 64, 2, 64),
+                                         (1, 1, 1, 2, 1, 1), (2, 1, DELTA_ONE_CHUNK_MAX, 8, 2, 5)])
+def test_delta_matches_the_rule_on_normalised_features(name, norm, B, H, T, d, nu, M):
+    q, k, v = inputs(B, H, T, T, d, M, seed=T * 7 + d)
+    g = torch.Generator().manual_seed(T)
+    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    beta[0, :, T // 2:] = 0  # padded positions: beta 0 and zero values write nothing
+    v = v.detach().clone()
+    v[0, :, T // 2:] = 0
+    beta, v = beta.requires_grad_(), v.requires_grad_()
+    ours = read("delta", name, q, k, v, (beta,), nu, True, norm)
+    ref = delta_plain(q, k, v, beta, nu, norm, name)
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
+                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+def test_delta_gradcheck_and_no_autograd(name):
+    q, k, v = inputs(1, 2, 4, 4, 3, 2, seed=8)
+    beta = torch.rand(1, 2, 4, dtype=torch.float64, requires_grad=True)
+    delta = lambda *x: read("delta", name, *x[:3], (x[3],), 2, True, "l2")  # noqa: E731
+    assert torch.autograd.gradcheck(delta, (q, k, v, beta))
+    with torch.no_grad():
+        torch.testing.assert_close(delta(q, k, v, beta), delta_plain(q, k, v, beta, 2, "l2", name), rtol=1e-10,
+                                   atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta"])
+def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
+    """The module's heads are views of [T, B, C]: the kernel reads them as they lie and returns dq and dk in that
+    layout (no copy either way), with the same values as for contiguous heads."""
+    g = torch.Generator().manual_seed(9)
+    T, B, H, d = 6, 3, 2, 4
+    q, k, v = (torch.randn(T, B, H, d, generator=g, dtype=torch.float64).permute(1, 2, 0, 3).requires_grad_()
+               for _ in range(3))
+    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    scalars, norm = ((), None) if rule == "sum" else ((beta,), "l2")
+    ours = read(rule, "dpfp", q, k, v, scalars, 2, True, norm)
+    dq, dk = torch.autograd.grad(ours, (q, k), torch.ones_like(ours))
+    assert dq.stride() == q.stride() and dk.stride() == k.stride()
+    qc, kc, vc = (x.detach().contiguous().requires_grad_() for x in (q, k, v))
+    ref = read(rule, "dpfp", qc, kc, vc, scalars, 2, True, norm)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip((dq, dk), torch.autograd.grad(ref, (qc, kc), torch.ones_like(ref))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 2, 1, False, 0, 1e-6, True),
+     "the products \\(kind 1\\) are causal"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k[:, :, :2], None, 0, 2, 0, True, 0, 1e-6, True),
+     "causal needs as many"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 9, 0, False, 0, 1e-6, True), "nu must be in 1..2d-1"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 1, 0, False, 0, 1e-6, True),
+     "map must be 0 \\(dpfp\\), 1 \\(elu\\) or 2 \\(hedgehog\\)"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, 0, False, 0, 1e-6, True), "share a dtype"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, 0, False, 0, 1e-6,
+                                                True),
+     "key_padding_mask must be \\[B, T\\]"),
+])
+def test_the_kernel_refuses_what_it_cannot_compute(call, message):
+    q, k, _ = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=10))
+    with pytest.raises(RuntimeError, match=message):
+        call(cpu_kernel(q), q, k)
