@@ -12,7 +12,8 @@ stays in cache and returns only the products; the same functions as the rules' o
   dP = (dA - rowsum(dA * A)) / s. A padded key reads nothing: the kernel sets its row of phi to 0 (its dk is 0).
 - delta, causal, one chunk of chunked_delta (README §2 with no state), phi normalised (--fw-delta-norm):
       P = tril(phi(q) phi(k)^T),  X = tril(phi(k) phi(k)^T, -1),  (I + diag(beta) X) U = diag(beta) V,  O = P U
-  the kernel gives [P; X] and takes their gradient back; the [T, T] algebra is autograd's (a triangular solve).
+  all of it in the kernel (cpu/delta_attend.cpp: U by forward substitution, its backward by back substitution),
+  which returns O and keeps U for the backward.
 
 Then dphi(q) = dP phi(k), dphi(k) = dP^T phi(q) (+ (dX + dX^T) phi(k)) and the map's backward, in the kernel.
 Its products call BLAS where the loaded torch exports it, else its own loops (BLAS = False takes the loops anyway:
@@ -29,7 +30,6 @@ from .rules import short_order
 from .z_column import Z_EPS
 
 BLAS = True
-_READ, _PRODUCTS = 0, 1  # the kernel's kinds
 
 
 class SumRead(torch.autograd.Function):
@@ -38,7 +38,7 @@ class SumRead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pad, map, causal, kernel):
-        weights, sums = kernel.feature_attend_forward(q, k, pad, *map, _READ, causal, 0, Z_EPS, BLAS)  # [B,H,Tq,T], [B,H,Tq]
+        weights, sums = kernel.feature_attend_forward(q, k, pad, *map, causal, Z_EPS, BLAS)  # [B,H,Tq,T], [B,H,Tq]
         ctx.save_for_backward(q, k, v, weights, sums, pad)
         ctx.map, ctx.causal, ctx.kernel = map, causal, kernel
         return weights @ v
@@ -50,30 +50,31 @@ class SumRead(torch.autograd.Function):
         dq = dk = dv = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             d_weights = grad @ v.transpose(-1, -2)  # [B, H, Tq, T]
-            dq, dk = ctx.kernel.feature_attend_backward(d_weights, weights, sums, q, k, pad, *ctx.map, _READ,
-                                                        ctx.causal, 0, Z_EPS, BLAS)
+            dq, dk = ctx.kernel.feature_attend_backward(d_weights, weights, sums, q, k, pad, *ctx.map, ctx.causal,
+                                                        Z_EPS, BLAS)
         if ctx.needs_input_grad[2]:
             dv = weights.transpose(-1, -2) @ grad  # [B, H, T, M]
         return dq, dk, dv, None, None, None, None
 
 
-class Products(torch.autograd.Function):
-    """[P; X] [B, H, 2T, T] of normalised features of q, k [B, H, T, d] (module docstring, the delta rule)."""
+class DeltaRead(torch.autograd.Function):
+    """O [B, H, T, M] of the delta rule's one chunk from q, k [B, H, T, d], v [B, H, T, M], beta [B, H, T] (module
+    docstring); map: the kernel's (code, nu); norm: KERNEL_NORMS' code."""
 
     @staticmethod
-    def forward(ctx, q, k, map, norm, kernel):
-        ctx.save_for_backward(q, k)
+    def forward(ctx, q, k, v, beta, map, norm, kernel):
+        out, writes = kernel.delta_attend_forward(q, k, v, beta, *map, norm, PHI_EPS, BLAS)  # O, U: [B, H, T, M]
+        ctx.save_for_backward(q, k, v, beta, writes)
         ctx.map, ctx.norm, ctx.kernel = map, norm, kernel
-        return kernel.feature_attend_forward(q, k, None, *map, _PRODUCTS, True, norm, PHI_EPS, BLAS)[0]
+        return out
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        q, k = ctx.saved_tensors
-        none = grad.new_empty(0)
-        dq, dk = ctx.kernel.feature_attend_backward(grad, none, none, q, k, None, *ctx.map, _PRODUCTS, True, ctx.norm,
-                                                    PHI_EPS, BLAS)
-        return dq, dk, None, None, None
+        q, k, v, beta, writes = ctx.saved_tensors
+        dq, dk, dv, dbeta = ctx.kernel.delta_attend_backward(grad, writes, q, k, v, beta, *ctx.map, ctx.norm, PHI_EPS,
+                                                             BLAS)
+        return dq, dk, dv, dbeta, None, None, None
 
 
 def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
@@ -83,21 +84,17 @@ def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_ma
     # the kernel sets the features of padded keys to 0: their columns of P are 0
     if records(q, k, v):
         return SumRead.apply(q, k, v, key_padding_mask, map, causal, kernel)
-    return kernel.feature_attend_forward(q, k, key_padding_mask, *map, _READ, causal, 0, Z_EPS, BLAS)[0] @ v
+    return kernel.feature_attend_forward(q, k, key_padding_mask, *map, causal, Z_EPS, BLAS)[0] @ v
 
 
 def _delta_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
     T = k.shape[2]
     if not causal or T > DELTA_ONE_CHUNK_MAX:
         return None  # several chunks carry a state: the chunked form
-    code = KERNEL_NORMS[norm]
-    products = (Products.apply(q, k, map, code, kernel) if records(q, k)
-                else kernel.feature_attend_forward(q, k, None, *map, _PRODUCTS, True, code, PHI_EPS, BLAS)[0])
-    P, X = products[:, :, :T], products[:, :, T:]  # [B, H, T, T]: s <= t, s < t
-    beta = scalars[0][..., None]  # [B, H, T, 1]; 0 at padded positions (their v rows too): they write nothing
-    # unitriangular: the solve takes the diagonal of I + diag(beta) X as ones and reads only below it
-    u = torch.linalg.solve_triangular(X * beta, v * beta, upper=False, unitriangular=True)  # [B, H, T, M]
-    return P @ u
+    code, beta = KERNEL_NORMS[norm], scalars[0]  # beta [B, H, T]: 0 at padded positions (their v rows too)
+    if records(q, k, v, beta):
+        return DeltaRead.apply(q, k, v, beta, map, code, kernel)
+    return kernel.delta_attend_forward(q, k, v, beta, *map, code, PHI_EPS, BLAS)[0]
 
 
 _READS = {"sum": _sum_read, "delta": _delta_read}  # the rules with a read here, by name (rules.RULES)

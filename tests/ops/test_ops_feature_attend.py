@@ -211,17 +211,20 @@ def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 2, 1, False, 0, 1e-6, True),
-     "the products \\(kind 1\\) are causal"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k[:, :, :2], None, 0, 2, 0, True, 0, 1e-6, True),
-     "causal needs as many"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 9, 0, False, 0, 1e-6, True), "nu must be in 1..2d-1"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 1, 0, False, 0, 1e-6, True),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k[:, :, :2], None, 0, 2, True, 1e-6, True), "causal needs as many"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 9, False, 1e-6, True), "nu must be in 1..2d-1"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 1, False, 1e-6, True),
      "map must be 0 \\(dpfp\\), 1 \\(elu\\) or 2 \\(hedgehog\\)"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, 0, False, 0, 1e-6, True), "share a dtype"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, 0, False, 0, 1e-6,
-                                                True),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, False, 1e-6, True), "share a dtype"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, False, 1e-6, True),
      "key_padding_mask must be \\[B, T\\]"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k[:, :, :2], k[..., 0], 0, 2, 2, 1e-6, True),
+     "v must be \\[B, H, T, M\\]"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., :2, 0], 0, 2, 2, 1e-6, True),
+     "beta must be \\[B, H, T\\]"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k.float(), k[..., 0], 0, 2, 2, 1e-6, True),
+     "v and beta must have q's dtype"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 0, 2, 3, 1e-6, True), "norm must be 0"),
 ])
 def test_the_kernel_refuses_what_it_cannot_compute(call, message):
     q, k, _ = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=10))
