@@ -34,6 +34,7 @@ def summarise(results):
         curve = [(u, _mean([dict(r["curve"]).get(u) for r in runs])) for u in steps]
         rows[name] = {"kind": config["kind"], "flags": config["flags"], "seeds": sorted(r["seed"] for r in runs),
                       "bleu_by_seed": {r["seed"]: r["bleu"] for r in runs},
+                      "loss_by_seed": {r["seed"]: r["curve"][-1][1] if r["curve"] else None for r in runs},
                       "bleu": statistics.fmean(bleus), "bleu_sd": statistics.pstdev(bleus),
                       "valid_loss": curve[-1][1] if curve else None,
                       "seconds_per_update": _mean([r["seconds_per_update"] for r in runs]), "curve": curve}
@@ -84,11 +85,27 @@ def table(results):
         worst, best = ranked[0], ranked[-1]
         lines += ["", f"Fast-weight rows: best {best} {_ratio_text(ratios[best])} softmax BLEU, "
                       f"worst {worst} {_ratio_text(ratios[worst])}."]
+    lines += by_seed(rows, seeds)
     lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
     lines += [f"- `{name}`: `{' '.join(row['flags'])}`" for name, row in rows.items()]
     return "\n".join(lines) + "\n"
+
+
+def by_seed(rows, seeds):
+    """Where several seeds ran: each row's BLEU (and final valid loss) seed by seed, so that rows are compared on
+    the same seeds (a seed moves BLEU on 500 short test sentences by more than some rows differ)."""
+    if len(seeds) < 2:
+        return []
+    lines = ["", "BLEU (final valid loss) seed by seed:", "",
+             "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
+    for name, row in rows.items():
+        cells = [f"{row['bleu_by_seed'][s]:.2f} ({row['loss_by_seed'][s]:.3f})"
+                 if s in row["bleu_by_seed"] and row["loss_by_seed"][s] is not None
+                 else f"{row['bleu_by_seed'][s]:.2f}" if s in row["bleu_by_seed"] else "" for s in seeds]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(results, path):

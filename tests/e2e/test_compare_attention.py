@@ -54,3 +54,5 @@ def test_committed_tables_are_generated_from_the_committed_results(tmp_path):
         assert path.with_suffix(".md").read_text() == text
         assert (tmp_path / f"{path.stem}.png").stat().st_size > 10_000
         assert "| softmax | softmax |" in text and "1.00×" in text
+        # several seeds: each row's BLEU and valid loss seed by seed, one column per seed
+        assert ("seed by seed" in text) == (len({r["seed"] for r in data["runs"]}) > 1)
