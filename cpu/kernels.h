@@ -50,16 +50,18 @@ std::tuple<torch::Tensor, torch::Tensor> feature_attend_backward(const torch::Te
                                                                   bool blas);
 bool feature_attend_blas();
 
-// delta_attend.cpp: the delta rule's causal read O [B, H, T, M] of one chunk and its writes U from raw heads q, k
-// [B, H, T, d], values v [B, H, T, M] and beta [B, H, T], phi (the map's code as above) normalised by norm; and
-// (dq, dk, dv, dbeta) from the gradient of O
+// delta_attend.cpp: the delta rule's read O [B, H, Tq, M] of a short sequence (causal: one chunk; else every query
+// after the last write) and its writes U [B, H, T, M] from raw heads q [B, H, Tq, d], k [B, H, T, d], values v
+// [B, H, T, M] and beta [B, H, T], phi (the map's code as above) normalised by norm; and (dq, dk, dv, dbeta) from
+// the gradient of O
 std::tuple<torch::Tensor, torch::Tensor> delta_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                const torch::Tensor& v, const torch::Tensor& beta,
-                                                               int64_t map, int64_t nu, int64_t norm, double eps,
-                                                               bool blas);
+                                                               int64_t map, int64_t nu, bool causal, int64_t norm,
+                                                               double eps, bool blas);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> delta_attend_backward(
     const torch::Tensor& grad, const torch::Tensor& writes, const torch::Tensor& q, const torch::Tensor& k,
-    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu, int64_t norm, double eps, bool blas);
+    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu, bool causal, int64_t norm, double eps,
+    bool blas);
 
 // lazy_step.cpp: a decoding step of the lazy cache (DPFP-nu's raw keys, or nu 0: the features themselves) ->
 // (o, u), appending the key where given

@@ -10,11 +10,12 @@ stays in cache and returns only the products; the same functions as the rules' o
       y = W^T phi(q) / (z . phi(q) + Z_EPS) = A v,   A = P / (rowsum(P) + Z_EPS),   P = mask(phi(q) phi(k)^T)
   as softmax attention computes its weights and then A v. Backward: dA = dy v^T, dv = A^T dy, and in the kernel
   dP = (dA - rowsum(dA * A)) / s. A padded key reads nothing: the kernel sets its row of phi to 0 (its dk is 0).
-- delta, causal, one chunk of chunked_delta (README §2 with no state), phi normalised (--fw-delta-norm):
-      P = tril(phi(q) phi(k)^T),  X = tril(phi(k) phi(k)^T, -1),  (I + diag(beta) X) U = diag(beta) V,  O = P U
+- delta, causal (one chunk of chunked_delta, README §2 with no state) or not (fast_weight_attend's short order:
+  every query reads the memory after the last write), phi normalised (--fw-delta-norm):
+      P = phi(q) phi(k)^T (tril where causal),  X = tril(phi(k) phi(k)^T, -1),  (I + diag(beta) X) U = diag(beta) V,
+      O = P U
   all of it in the kernel (cpu/delta_attend.cpp: U by forward substitution, its backward by back substitution),
   which returns O and keeps U for the backward.
-
 Then dphi(q) = dP phi(k), dphi(k) = dP^T phi(q) (+ (dX + dX^T) phi(k)) and the map's backward, in the kernel.
 Its products call BLAS where the loaded torch exports it, else its own loops (BLAS = False takes the loops anyway:
 the tests run both). It reads the heads in their own layout (the module's are views of [T, B, C]) and writes dq and dk
@@ -58,23 +59,23 @@ class SumRead(torch.autograd.Function):
 
 
 class DeltaRead(torch.autograd.Function):
-    """O [B, H, T, M] of the delta rule's one chunk from q, k [B, H, T, d], v [B, H, T, M], beta [B, H, T] (module
-    docstring); map: the kernel's (code, nu); norm: KERNEL_NORMS' code."""
+    """O [B, H, Tq, M] of the delta rule from q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M], beta [B, H, T]
+    (module docstring); map: the kernel's (code, nu); norm: KERNEL_NORMS' code."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, map, norm, kernel):
-        out, writes = kernel.delta_attend_forward(q, k, v, beta, *map, norm, PHI_EPS, BLAS)  # O, U: [B, H, T, M]
+    def forward(ctx, q, k, v, beta, map, causal, norm, kernel):
+        out, writes = kernel.delta_attend_forward(q, k, v, beta, *map, causal, norm, PHI_EPS, BLAS)  # O, U
         ctx.save_for_backward(q, k, v, beta, writes)
-        ctx.map, ctx.norm, ctx.kernel = map, norm, kernel
+        ctx.map, ctx.causal, ctx.norm, ctx.kernel = map, causal, norm, kernel
         return out
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
         q, k, v, beta, writes = ctx.saved_tensors
-        dq, dk, dv, dbeta = ctx.kernel.delta_attend_backward(grad, writes, q, k, v, beta, *ctx.map, ctx.norm, PHI_EPS,
-                                                             BLAS)
-        return dq, dk, dv, dbeta, None, None, None
+        dq, dk, dv, dbeta = ctx.kernel.delta_attend_backward(grad, writes, q, k, v, beta, *ctx.map, ctx.causal,
+                                                             ctx.norm, PHI_EPS, BLAS)
+        return dq, dk, dv, dbeta, None, None, None, None
 
 
 def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
@@ -88,13 +89,14 @@ def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_ma
 
 
 def _delta_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
-    T = k.shape[2]
-    if not causal or T > DELTA_ONE_CHUNK_MAX:
-        return None  # several chunks carry a state: the chunked form
+    Tq, T = q.shape[2], k.shape[2]
+    # several chunks carry a state (the chunked form); a non-causal read in the memory's order forms the memory
+    if T > DELTA_ONE_CHUNK_MAX or not (causal or short_order(Tq, T, width, v.shape[-1])):
+        return None
     code, beta = KERNEL_NORMS[norm], scalars[0]  # beta [B, H, T]: 0 at padded positions (their v rows too)
     if records(q, k, v, beta):
-        return DeltaRead.apply(q, k, v, beta, map, code, kernel)
-    return kernel.delta_attend_forward(q, k, v, beta, *map, code, PHI_EPS, BLAS)[0]
+        return DeltaRead.apply(q, k, v, beta, map, causal, code, kernel)
+    return kernel.delta_attend_forward(q, k, v, beta, *map, causal, code, PHI_EPS, BLAS)[0]
 
 
 _READS = {"sum": _sum_read, "delta": _delta_read}  # the rules with a read here, by name (rules.RULES)

@@ -16,7 +16,8 @@ FUSED_READ = FeatureMap.short_read
 C, H = 16, 2  # d_key 8
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
-CASES = [("sum", "encoder"), ("sum", "causal"), ("sum", "cross"), ("delta", "causal")]
+CASES = [("sum", "encoder"), ("sum", "causal"), ("sum", "cross"), ("delta", "encoder"), ("delta", "causal"),
+         ("delta", "cross")]
 
 
 def run(name, rule, path, T, S, fused, monkeypatch, seed=3):

@@ -8,8 +8,8 @@ it says so (None)."""
 import pytest
 import torch
 
-from fw_fairseq.ops import (PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one, fast_weight_delta,
-                            feature_attend, feature_map)
+from fw_fairseq.ops import (PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one, fast_weight_attend,
+                            fast_weight_delta, feature_attend, feature_map)
 from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
 from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
 from fw_fairseq.ops.rules import short_order
@@ -144,8 +144,8 @@ def test_the_maps_with_a_row_form_offer_it_and_favor_does_not():
 
 
 @pytest.mark.parametrize("rule,causal,T", [("sum", True, SUM_CHUNK_SIZE + 1), ("sum", False, 300),
-                                           ("delta", True, DELTA_ONE_CHUNK_MAX + 1), ("delta", False, 5),
-                                           ("gated_delta", True, 5)])
+                                           ("delta", True, DELTA_ONE_CHUNK_MAX + 1),
+                                           ("delta", False, DELTA_ONE_CHUNK_MAX + 1), ("gated_delta", True, 5)])
 def test_no_read_where_the_rule_takes_another_order(rule, causal, T):
     """Past one chunk, or a long non-causal read (the memory's order), or a rule without a read here: None."""
     q, k, v = (x.detach() for x in inputs(1, 1, T, T, 4, 2, seed=6))
@@ -190,6 +190,38 @@ def test_delta_gradcheck_and_no_autograd(name):
                                    atol=1e-12)
 
 
+@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
+@pytest.mark.parametrize("B,H,Tq,T,d,nu,M", [(2, 3, 5, 7, 4, 2, 16), (1, 2, 9, 4, 3, 1, 24), (3, 2, 30, 44, 64, 2, 64)])
+def test_non_causal_delta_matches_fast_weight_attend(name, B, H, Tq, T, d, nu, M):
+    """Encoder self- and teacher-forced cross-attention: every query reads the memory after the last write
+    (fast_weight_attend, the rule's function), Tq != T, padded positions at beta = 0 and zero values."""
+    q, k, v = inputs(B, H, Tq, T, d, M, seed=Tq * 5 + T)
+    g = torch.Generator().manual_seed(T)
+    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
+    beta[0, :, : T // 3] = 0  # fairseq pads sources on the left
+    v = v.detach().clone()
+    v[0, :, : T // 3] = 0
+    beta, v = beta.requires_grad_(), v.requires_grad_()
+    ours = read("delta", name, q, k, v, (beta,), nu, False, "l2")
+    phi = PLAIN[name]
+    ref = fast_weight_attend(PHI_NORMS["l2"](phi(q, nu)), PHI_NORMS["l2"](phi(k, nu)), v, beta)
+    if not short_order(Tq, T, WIDTH[name](d, nu), M):
+        assert ours is None  # the memory's order is the cheaper: the rule runs it
+        return
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    upstream = torch.randn_like(ref)
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
+                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
+        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
+
+
+def test_non_causal_delta_gradcheck():
+    q, k, v = inputs(1, 2, 3, 5, 3, 8, seed=12)
+    beta = torch.rand(1, 2, 5, dtype=torch.float64, requires_grad=True)
+    delta = lambda *x: read("delta", "hedgehog", *x[:3], (x[3],), 0, False, "l2")  # noqa: E731
+    assert torch.autograd.gradcheck(delta, (q, k, v, beta))
+
+
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
     """The module's heads are views of [T, B, C]: the kernel reads them as they lie and returns dq and dk in that
@@ -218,13 +250,13 @@ def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
     (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, False, 1e-6, True), "share a dtype"),
     (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, False, 1e-6, True),
      "key_padding_mask must be \\[B, T\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k[:, :, :2], k[..., 0], 0, 2, 2, 1e-6, True),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k[:, :, :2], k[..., 0], 0, 2, True, 2, 1e-6, True),
      "v must be \\[B, H, T, M\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., :2, 0], 0, 2, 2, 1e-6, True),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., :2, 0], 0, 2, True, 2, 1e-6, True),
      "beta must be \\[B, H, T\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k.float(), k[..., 0], 0, 2, 2, 1e-6, True),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k.float(), k[..., 0], 0, 2, True, 2, 1e-6, True),
      "v and beta must have q's dtype"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 0, 2, 3, 1e-6, True), "norm must be 0"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 0, 2, True, 3, 1e-6, True), "norm must be 0"),
 ])
 def test_the_kernel_refuses_what_it_cannot_compute(call, message):
     q, k, _ = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=10))
