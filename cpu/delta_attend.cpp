@@ -37,7 +37,7 @@ FW_INLINE void axpy(T* __restrict__ y, T a, const T* __restrict__ x, int64_t M) 
   for (int64_t m = 0; m < M; ++m) y[m] += a * x[m];
 }
 
-// What a range of heads reads and writes besides q and k: v's heads, beta [B H, T], and the [B H, T, M] tensors
+// What a range of heads reads besides q and k: v's heads, beta [B H, T] and the values' width M
 template <typename T>
 struct DeltaArgs {
   Heads<const T> V;
