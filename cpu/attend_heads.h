@@ -17,7 +17,6 @@ namespace fw {
 struct Shape {
   int64_t Tq, Tk, d, map, nu, norm;  // queries, keys, key width, the map (fw::Map), DPFP's nu, phi's norm (fw::Norm)
   double eps;  // the sum rule: the z column's guard (Z_EPS); the delta rule: the normalisation's floor (PHI_EPS)
-  int64_t E() const { return map == kDpfp ? 2 * d * nu : map == kElu ? d : 2 * d; }  // map_rows.h's widths
 };
 
 // The rows of [B, H, T, w] heads in any layout whose w is contiguous (the module's heads are views of [T, B, C]):
@@ -59,17 +58,18 @@ FW_INLINE void zero_padded(T* rows, const bool* pad, int64_t n, int64_t H, int64
     if (p[t]) std::fill(rows + t * width, rows + (t + 1) * width, T(0));
 }
 
-// A head's buffers and the row map: its raw rows x [Tq + T, d] (queries', then keys'), phi [Tq + T, E] (normalised
-// by the Shape's norm), and the scratch of the way back
+// A head's buffers and the row map: its raw rows x [Tq + T, d] (queries', then keys'), phi [Tq + T, E] (E the map's
+// width; normalised by the Shape's norm), and the scratch of the way back
 template <typename T, typename Row>
 struct HeadBuffers {
   const Shape& s;
   Row map;
+  const int64_t E;
   std::vector<T> x, phi, dphi, coef, dx;
 
   HeadBuffers(const Shape& shape, Row row)
-      : s(shape), map(std::move(row)), x((s.Tq + s.Tk) * s.d), phi((s.Tq + s.Tk) * s.E()),
-        dphi((s.Tq + s.Tk) * s.E()), coef(s.Tk * (s.Tq + s.Tk)), dx((s.Tq + s.Tk) * s.d) {}
+      : s(shape), map(std::move(row)), E(map.width()), x((s.Tq + s.Tk) * s.d), phi((s.Tq + s.Tk) * E),
+        dphi((s.Tq + s.Tk) * E), coef(s.Tk * (s.Tq + s.Tk)), dx((s.Tq + s.Tk) * s.d) {}
 
   // head n's rows and features; the features of keys at padding zeroed
   // always_inline: called from the FW_CLONES ranges, it must be compiled for each clone's target (AVX2 or not)
@@ -77,13 +77,12 @@ struct HeadBuffers {
     gather(Q, n, s.Tq, s.d, x.data());
     gather(K, n, s.Tk, s.d, x.data() + s.Tq * s.d);
     forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, s.Tq + s.Tk);
-    zero_padded(phi.data() + s.Tq * s.E(), pad, n, Q.H, s.Tk, s.E());
+    zero_padded(phi.data() + s.Tq * E, pad, n, Q.H, s.Tk, E);
   }
 
   // out [rows, Tk] = [phi(q) (; phi(k))] phi(k)^T, rows Tq (P) or Tq + Tk (P and X); row t of P keeps s <= t where
   // causal, row s of X keeps r < s
   FW_INLINE void products(T* out, int64_t rows, bool causal, bool blas) const {
-    const int64_t E = s.E();
     mm_abt(rows, s.Tk, E, phi.data(), phi.data() + s.Tq * E, out, blas);
     for (int64_t t = 0; t < rows; ++t) {
       const int64_t seen = t < s.Tq ? (causal ? t + 1 : s.Tk) : t - s.Tq;
@@ -96,7 +95,7 @@ struct HeadBuffers {
   // then the map's backward (and the norm's); a padded key's dk is 0 (its phi was the constant 0)
   FW_INLINE void back(const T* dP, const T* dX, const bool* pad, int64_t n, const Heads<T>& DQ, const Heads<T>& DK,
                       bool blas) {
-    const int64_t E = s.E(), Tq = s.Tq, Tk = s.Tk, inner = dX ? Tq + Tk : Tq;
+    const int64_t Tq = s.Tq, Tk = s.Tk, inner = dX ? Tq + Tk : Tq;
     for (int64_t j = 0; j < Tk; ++j) {  // coef [T, inner] = [dP^T, dX + dX^T]
       T* __restrict__ row = coef.data() + j * inner;
       for (int64_t t = 0; t < Tq; ++t) row[t] = dP[t * Tk + j];

@@ -1,5 +1,5 @@
-"""A short sequence's read from the raw heads, on the CPU kernel (cpu/feature_attend.cpp), for the maps with a row
-form there (cpu_extension.KERNEL_MAPS: DPFP-nu, ELU+1, Hedgehog).
+"""A short sequence's read from the raw heads, on the CPU kernels (cpu/feature_attend.cpp, cpu/delta_attend.cpp), for
+the maps with a row form there (cpu_extension.KERNEL_MAPS: DPFP-nu, ELU+1, Hedgehog).
 
 A short sequence reads in the order (q k^T) v: its products of features are [T, T] per head, where forming phi
 writes [B, H, T, E] tensors that, with their gradients, cost the plain composition more than the products on a

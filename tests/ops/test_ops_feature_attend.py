@@ -17,7 +17,11 @@ from fw_fairseq.ops.rules import short_order
 # the maps' plain formulas (feature_maps.py), by kernel name: x [..., d], nu (DPFP's) -> phi [..., E]
 PLAIN = {"dpfp": dpfp, "elu": lambda x, nu: elu_plus_one(x),
          "hedgehog": lambda x, nu: torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1)}
-WIDTH = {"dpfp": lambda d, nu: 2 * d * nu, "elu": lambda d, nu: d, "hedgehog": lambda d, nu: 2 * d}
+
+
+def width(name, d, nu):
+    """E of map `name` for d-wide heads: its FeatureMap's out_dim (the width short_read is given)."""
+    return feature_map(name, d, nu=nu).out_dim
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["blas", "loops"])
@@ -30,8 +34,7 @@ def products(request, monkeypatch):
 
 
 def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
-    width = WIDTH[name](q.shape[-1], nu)
-    return feature_attend.short_read(name, nu, width, rule, q, k, v, scalars, causal, norm, pad)
+    return feature_attend.short_read(name, nu, width(name, q.shape[-1], nu), rule, q, k, v, scalars, causal, norm, pad)
 
 
 def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):
@@ -64,7 +67,7 @@ def test_matches_the_plain_composition(name, causal, B, H, Tq, T, d, nu, M):
     pad = torch.zeros(B, T, dtype=torch.bool)
     pad[0, : T // 3] = True  # fairseq pads sources on the left
     ours, ref = sum_read(q, k, v, nu, causal, name, pad), plain(q, k, v, nu, causal, pad, name)
-    if not causal and not short_order(Tq, T, WIDTH[name](d, nu), M + 1):
+    if not causal and not short_order(Tq, T, width(name, d, nu), M + 1):
         assert ours is None  # the memory's order is the cheaper: the rule runs it
         return
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
@@ -205,7 +208,7 @@ def test_non_causal_delta_matches_fast_weight_attend(name, B, H, Tq, T, d, nu, M
     ours = read("delta", name, q, k, v, (beta,), nu, False, "l2")
     phi = PLAIN[name]
     ref = fast_weight_attend(PHI_NORMS["l2"](phi(q, nu)), PHI_NORMS["l2"](phi(k, nu)), v, beta)
-    if not short_order(Tq, T, WIDTH[name](d, nu), M):
+    if not short_order(Tq, T, width(name, d, nu), M):
         assert ours is None  # the memory's order is the cheaper: the rule runs it
         return
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
