@@ -17,6 +17,9 @@ namespace fw {
 struct Shape {
   int64_t Tq, Tk, d, map, nu, norm;  // queries, keys, key width, the map (fw::Map), DPFP's nu, phi's norm (fw::Norm)
   double eps;  // the sum rule: the z column's guard (Z_EPS); the delta rule: the normalisation's floor (PHI_EPS)
+  int64_t m = 0;  // FAVOR+'s random features
+  const void* projection = nullptr;  // FAVOR+'s R [m, d], in q's dtype
+  bool blas = false;  // products through BLAS (else the loops of products.h)
 };
 
 // The rows of [B, H, T, w] heads in any layout whose w is contiguous (the module's heads are views of [T, B, C]):
@@ -76,14 +79,18 @@ struct HeadBuffers {
   FW_INLINE void load(const Heads<const T>& Q, const Heads<const T>& K, const bool* pad, int64_t n) {
     gather(Q, n, s.Tq, s.d, x.data());
     gather(K, n, s.Tk, s.d, x.data() + s.Tq * s.d);
-    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, s.Tq + s.Tk);
+    map.begin(x.data(), s.Tq + s.Tk);
+    map.queries(true);
+    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, s.Tq);
+    map.queries(false);
+    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, s.Tq, s.Tq + s.Tk);
     zero_padded(phi.data() + s.Tq * E, pad, n, Q.H, s.Tk, E);
   }
 
   // out [rows, Tk] = [phi(q) (; phi(k))] phi(k)^T, rows Tq (P) or Tq + Tk (P and X); row t of P keeps s <= t where
   // causal, row s of X keeps r < s
-  FW_INLINE void products(T* out, int64_t rows, bool causal, bool blas) const {
-    mm_abt(rows, s.Tk, E, phi.data(), phi.data() + s.Tq * E, out, blas);
+  FW_INLINE void products(T* out, int64_t rows, bool causal) const {
+    mm_abt(rows, s.Tk, E, phi.data(), phi.data() + s.Tq * E, out, s.blas);
     for (int64_t t = 0; t < rows; ++t) {
       const int64_t seen = t < s.Tq ? (causal ? t + 1 : s.Tk) : t - s.Tq;
       std::fill(out + t * s.Tk + seen, out + (t + 1) * s.Tk, T(0));
@@ -92,9 +99,9 @@ struct HeadBuffers {
 
   // dq [Tq, d] and dk [T, d] of head n from dP [Tq, Tk] (0 where masked) and, for the delta rule, dX [Tk, Tk]
   // (strictly lower; null for the sum rule): dphi(q) = dP phi(k), dphi(k) = [dP^T, dX + dX^T] [phi(q); phi(k)],
-  // then the map's backward (and the norm's); a padded key's dk is 0 (its phi was the constant 0)
-  FW_INLINE void back(const T* dP, const T* dX, const bool* pad, int64_t n, const Heads<T>& DQ, const Heads<T>& DK,
-                      bool blas) {
+  // then the map's backward (and the norm's); a padded key's dk is 0 (its phi was the constant 0). After load(n):
+  // the map keeps what its begin formed of the head's rows
+  FW_INLINE void back(const T* dP, const T* dX, const bool* pad, int64_t n, const Heads<T>& DQ, const Heads<T>& DK) {
     const int64_t Tq = s.Tq, Tk = s.Tk, inner = dX ? Tq + Tk : Tq;
     for (int64_t j = 0; j < Tk; ++j) {  // coef [T, inner] = [dP^T, dX + dX^T]
       T* __restrict__ row = coef.data() + j * inner;
@@ -102,9 +109,13 @@ struct HeadBuffers {
       if (!dX) continue;
       for (int64_t r = 0; r < Tk; ++r) row[Tq + r] = r < j ? dX[j * Tk + r] : r > j ? dX[r * Tk + j] : T(0);
     }
-    mm_ab(Tq, E, Tk, dP, phi.data() + Tq * E, dphi.data(), blas);
-    mm_ab(Tk, E, inner, coef.data(), phi.data(), dphi.data() + Tq * E, blas);
-    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, 0, Tq + Tk);
+    mm_ab(Tq, E, Tk, dP, phi.data() + Tq * E, dphi.data(), s.blas);
+    mm_ab(Tk, E, inner, coef.data(), phi.data(), dphi.data() + Tq * E, s.blas);
+    map.queries(true);
+    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, 0, Tq);
+    map.queries(false);
+    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, Tq, Tq + Tk);
+    map.end(dx.data(), Tq + Tk);
     zero_padded(dx.data() + Tq * s.d, pad, n, DQ.H, Tk, s.d);
     scatter(dx.data(), DQ, n, Tq, s.d);
     scatter(dx.data() + Tq * s.d, DK, n, Tk, s.d);
@@ -124,8 +135,12 @@ FW_INLINE void with_head(const Shape& s, Work work) {
       HeadBuffers<T, EluRow<T>> head(s, EluRow<T>(s.d));
       return work(head);
     }
-    default: {
+    case kHedgehog: {
       HeadBuffers<T, HedgehogRow<T>> head(s, HedgehogRow<T>(s.d));
+      return work(head);
+    }
+    default: {
+      HeadBuffers<T, FavorRow<T>> head(s, FavorRow<T>(static_cast<const T*>(s.projection), s.d, s.m, s.blas));
       return work(head);
     }
   }
@@ -135,15 +150,16 @@ FW_INLINE void with_head(const Shape& s, Work work) {
 constexpr int64_t kHeadGrain = 2;
 
 // What both directions of a read take from their arguments, checked: the heads (d contiguous), the key padding mask
-// as a contiguous bool [B, T] (or undefined), the shape, and whether the products go to BLAS
+// as a contiguous bool [B, T] (or undefined), FAVOR+'s projection (contiguous; undefined for the other maps), the
+// shape, and whether the products go to BLAS
 struct Call {
-  torch::Tensor q, k, pad;
+  torch::Tensor q, k, pad, projection;
   Shape s;
   int64_t B, H;
-  bool blas;
 
   Call(const torch::Tensor& q_, const torch::Tensor& k_, const c10::optional<torch::Tensor>& mask, int64_t map,
-       int64_t nu, bool causal, int64_t norm, double eps, bool blas_, const char* fn) {
+       int64_t nu, const c10::optional<torch::Tensor>& R, bool causal, int64_t norm, double eps, bool blas_,
+       const char* fn) {
     TORCH_CHECK(q_.device().is_cpu() && k_.device().is_cpu(), fn, ": q and k must be CPU tensors");
     TORCH_CHECK(q_.scalar_type() == k_.scalar_type(), fn, ": q and k must share a dtype");
     TORCH_CHECK(q_.scalar_type() == torch::kFloat || q_.scalar_type() == torch::kDouble, fn,
@@ -151,14 +167,19 @@ struct Call {
     TORCH_CHECK(q_.dim() == 4 && k_.dim() == 4 && q_.size(0) == k_.size(0) && q_.size(1) == k_.size(1) &&
                     q_.size(3) == k_.size(3) && q_.size(3) >= 1,
                 fn, ": q and k must be [B, H, Tq, d] and [B, H, T, d]");
-    TORCH_CHECK(map == kDpfp || map == kElu || map == kHedgehog, fn, ": map must be 0 (dpfp), 1 (elu) or 2 (hedgehog)");
+    TORCH_CHECK(map == kDpfp || map == kElu || map == kHedgehog || map == kFavor, fn,
+                ": map must be 0 (dpfp), 1 (elu), 2 (hedgehog) or 3 (favor)");
     TORCH_CHECK(map != kDpfp || (nu >= 1 && nu <= 2 * q_.size(3) - 1), fn, ": nu must be in 1..2d-1");
+    const bool favor = map == kFavor;
+    TORCH_CHECK(!favor || (R && R->defined() && R->dim() == 2 && R->size(0) >= 1 && R->size(1) == q_.size(3) &&
+                           R->device().is_cpu() && R->scalar_type() == q_.scalar_type()),
+                fn, ": favor needs its projection, [m, d] in q's dtype");
     TORCH_CHECK(norm == kNone || norm == kSum || norm == kL2, fn, ": norm must be 0 (none), 1 (sum) or 2 (l2)");
     TORCH_CHECK(!causal || q_.size(2) == k_.size(2), fn, ": causal needs as many queries as keys");
     TORCH_CHECK(q_.size(2) >= 1 && k_.size(2) >= 1, fn, ": q and k need at least one position");
-    // BLAS takes int sizes: a head's [Tq + T, E] features must fit (E <= 2 d nu, or 2 d for the other maps)
-    TORCH_CHECK((q_.size(2) + k_.size(2)) * 2 * q_.size(3) * std::max<int64_t>(nu, 1) < (int64_t(1) << 31), fn,
-                ": too long for BLAS");
+    // BLAS takes int sizes: a head's [Tq + T, E] features must fit (E <= 2 d nu, 2m for FAVOR+, or 2 d)
+    const int64_t E = favor ? 2 * R->size(0) : 2 * q_.size(3) * std::max<int64_t>(nu, 1);
+    TORCH_CHECK((q_.size(2) + k_.size(2)) * E < (int64_t(1) << 31), fn, ": too long for BLAS");
     q = last_contiguous(q_);
     k = last_contiguous(k_);
     if (mask && mask->defined()) {
@@ -166,9 +187,14 @@ struct Call {
       pad = mask->to(torch::kBool).contiguous();
     }
     s = Shape{q.size(2), k.size(2), q.size(3), map, nu, norm, eps};
+    if (favor) {
+      projection = R->contiguous();
+      s.m = projection.size(0);
+      s.projection = projection.data_ptr();
+    }
     B = q.size(0);
     H = q.size(1);
-    blas = blas_ && blas_found();
+    s.blas = blas_ && blas_found();
   }
 
   const bool* pad_data() const { return pad.defined() ? pad.data_ptr<bool>() : nullptr; }

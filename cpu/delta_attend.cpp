@@ -48,13 +48,13 @@ struct DeltaArgs {
 // heads [b, e): O [Tq, M] into out and U [T, M] into U
 template <typename T>
 FW_INLINE void forward_range_of(const Heads<const T>& Q, const Heads<const T>& K, const DeltaArgs<T>& a, T* out, T* U,
-                                const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
+                                const Shape& x, bool causal, int64_t b, int64_t e) {
   fw::with_head<T>(x, [&](auto& head) __attribute__((always_inline)) {
     const int64_t Tq = x.Tq, Tk = x.Tk, M = a.M;
     std::vector<T> PX((Tq + Tk) * Tk);  // [P; X]
     for (int64_t n = b; n < e; ++n) {
       head.load(Q, K, nullptr, n);
-      head.products(PX.data(), Tq + Tk, causal, blas);
+      head.products(PX.data(), Tq + Tk, causal);
       const T* X = PX.data() + Tq * Tk;
       const T* beta = a.beta + n * Tk;
       T* u = U + n * Tk * M;
@@ -64,7 +64,7 @@ FW_INLINE void forward_range_of(const Heads<const T>& Q, const Heads<const T>& K
         for (int64_t s = 0; s < t; ++s) axpy(ut, -X[t * Tk + s], u + s * M, M);
         for (int64_t m = 0; m < M; ++m) ut[m] *= beta[t];
       }
-      fw::mm_ab(Tq, M, Tk, PX.data(), u, out + n * Tq * M, blas);  // O = P U
+      fw::mm_ab(Tq, M, Tk, PX.data(), u, out + n * Tq * M, x.blas);  // O = P U
     }
   });
 }
@@ -73,26 +73,26 @@ FW_INLINE void forward_range_of(const Heads<const T>& Q, const Heads<const T>& K
 template <typename T>
 FW_INLINE void backward_range_of(const T* G, const T* U, const Heads<const T>& Q, const Heads<const T>& K,
                                  const DeltaArgs<T>& a, const Heads<T>& DQ, const Heads<T>& DK, T* DV, T* DB,
-                                 const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
+                                 const Shape& x, bool causal, int64_t b, int64_t e) {
   fw::with_head<T>(x, [&](auto& head) __attribute__((always_inline)) {
     const int64_t Tq = x.Tq, Tk = x.Tk, M = a.M;
     std::vector<T> PX((Tq + Tk) * Tk), Pt(Tk * Tq), dP(Tq * Tk), dX(Tk * Tk), g(Tk * M), v(Tk * M);
     for (int64_t n = b; n < e; ++n) {
       head.load(Q, K, nullptr, n);
-      head.products(PX.data(), Tq + Tk, causal, blas);
+      head.products(PX.data(), Tq + Tk, causal);
       const T *P = PX.data(), *X = PX.data() + Tq * Tk, *beta = a.beta + n * Tk;
       const T *dO = G + n * Tq * M, *u = U + n * Tk * M;
       for (int64_t t = 0; t < Tq; ++t)
         for (int64_t s = 0; s < Tk; ++s) Pt[s * Tq + t] = P[t * Tk + s];
-      fw::mm_ab(Tk, M, Tq, Pt.data(), dO, g.data(), blas);  // dU = P^T dO, back-substituted in place into G:
+      fw::mm_ab(Tk, M, Tq, Pt.data(), dO, g.data(), x.blas);  // dU = P^T dO, back-substituted in place into G:
       for (int64_t t = Tk - 1; t >= 0; --t) {  // g_t = du_t - sum_{s>t} beta_s X_st g_s
         T* __restrict__ gt = g.data() + t * M;
         for (int64_t s = t + 1; s < Tk; ++s) axpy(gt, -beta[s] * X[s * Tk + t], g.data() + s * M, M);
       }
-      fw::mm_abt(Tq, Tk, M, dO, u, dP.data(), blas);  // dP = dO U^T (tril where causal)
+      fw::mm_abt(Tq, Tk, M, dO, u, dP.data(), x.blas);  // dP = dO U^T (tril where causal)
       if (causal)
         for (int64_t t = 0; t < Tq; ++t) std::fill(dP.data() + t * Tk + t + 1, dP.data() + (t + 1) * Tk, T(0));
-      fw::mm_abt(Tk, Tk, M, g.data(), u, dX.data(), blas);  // G U^T = -dA, into dX's buffer
+      fw::mm_abt(Tk, Tk, M, g.data(), u, dX.data(), x.blas);  // G U^T = -dA, into dX's buffer
       fw::gather(a.V, n, Tk, M, v.data());
       for (int64_t t = 0; t < Tk; ++t) {
         T* __restrict__ dx = dX.data() + t * Tk;
@@ -105,39 +105,39 @@ FW_INLINE void backward_range_of(const T* G, const T* U, const Heads<const T>& Q
         DB[n * Tk + t] = total;
         for (int64_t m = 0; m < M; ++m) DV[(n * Tk + t) * M + m] = beta[t] * g[t * M + m];
       }
-      head.back(dP.data(), dX.data(), nullptr, n, DQ, DK, blas);
+      head.back(dP.data(), dX.data(), nullptr, n, DQ, DK);
     }
   });
 }
 
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it (kernels.h).
 FW_CLONES void forward_range(const Heads<const float>& Q, const Heads<const float>& K, const DeltaArgs<float>& a,
-                             float* out, float* U, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  forward_range_of(Q, K, a, out, U, x, causal, blas, b, e);
+                             float* out, float* U, const Shape& x, bool causal, int64_t b, int64_t e) {
+  forward_range_of(Q, K, a, out, U, x, causal, b, e);
 }
 FW_CLONES void forward_range(const Heads<const double>& Q, const Heads<const double>& K, const DeltaArgs<double>& a,
-                             double* out, double* U, const Shape& x, bool causal, bool blas, int64_t b,
-                             int64_t e) {
-  forward_range_of(Q, K, a, out, U, x, causal, blas, b, e);
+                             double* out, double* U, const Shape& x, bool causal, int64_t b, int64_t e) {
+  forward_range_of(Q, K, a, out, U, x, causal, b, e);
 }
 FW_CLONES void backward_range(const float* G, const float* U, const Heads<const float>& Q, const Heads<const float>& K,
                               const DeltaArgs<float>& a, const Heads<float>& DQ, const Heads<float>& DK, float* DV,
-                              float* DB, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  backward_range_of(G, U, Q, K, a, DQ, DK, DV, DB, x, causal, blas, b, e);
+                              float* DB, const Shape& x, bool causal, int64_t b, int64_t e) {
+  backward_range_of(G, U, Q, K, a, DQ, DK, DV, DB, x, causal, b, e);
 }
 FW_CLONES void backward_range(const double* G, const double* U, const Heads<const double>& Q,
                               const Heads<const double>& K, const DeltaArgs<double>& a, const Heads<double>& DQ,
-                              const Heads<double>& DK, double* DV, double* DB, const Shape& x, bool causal, bool blas,
+                              const Heads<double>& DK, double* DV, double* DB, const Shape& x, bool causal,
                               int64_t b, int64_t e) {
-  backward_range_of(G, U, Q, K, a, DQ, DK, DV, DB, x, causal, blas, b, e);
+  backward_range_of(G, U, Q, K, a, DQ, DK, DV, DB, x, causal, b, e);
 }
 
 // the checked call, and v (M contiguous) and beta (contiguous) in q's dtype
 struct DeltaCall : Call {
   torch::Tensor v, beta;
   DeltaCall(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v_, const torch::Tensor& beta_,
-            int64_t map, int64_t nu, bool causal, int64_t norm, double eps, bool blas, const char* fn)
-      : Call(q, k, c10::nullopt, map, nu, causal, norm, eps, blas, fn) {
+            int64_t map, int64_t nu, const c10::optional<torch::Tensor>& R, bool causal, int64_t norm, double eps,
+            bool blas, const char* fn)
+      : Call(q, k, c10::nullopt, map, nu, R, causal, norm, eps, blas, fn) {
     TORCH_CHECK(v_.dim() == 4 && v_.size(0) == B && v_.size(1) == H && v_.size(2) == s.Tk && v_.size(3) >= 1, fn,
                 ": v must be [B, H, T, M]");
     TORCH_CHECK(beta_.sizes() == torch::IntArrayRef({B, H, s.Tk}), fn, ": beta must be [B, H, T]");
@@ -157,9 +157,10 @@ struct DeltaCall : Call {
 
 std::tuple<torch::Tensor, torch::Tensor> delta_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                const torch::Tensor& v, const torch::Tensor& beta,
-                                                               int64_t map, int64_t nu, bool causal, int64_t norm,
-                                                               double eps, bool blas) {
-  const DeltaCall c(q, k, v, beta, map, nu, causal, norm, eps, blas, "delta_attend_forward");
+                                                               int64_t map, int64_t nu,
+                                                               const c10::optional<torch::Tensor>& projection,
+                                                               bool causal, int64_t norm, double eps, bool blas) {
+  const DeltaCall c(q, k, v, beta, map, nu, projection, causal, norm, eps, blas, "delta_attend_forward");
   auto out = torch::empty({c.B, c.H, c.s.Tq, c.v.size(3)}, c.q.options());  // O
   auto writes = torch::empty({c.B, c.H, c.s.Tk, c.v.size(3)}, c.q.options());  // U
   AT_DISPATCH_FLOATING_TYPES(c.q.scalar_type(), "delta_attend_forward", [&] {
@@ -167,7 +168,7 @@ std::tuple<torch::Tensor, torch::Tensor> delta_attend_forward(const torch::Tenso
     const auto a = c.args<scalar_t>();
     scalar_t *O = out.data_ptr<scalar_t>(), *U = writes.data_ptr<scalar_t>();
     at::parallel_for(0, c.B * c.H, fw::kHeadGrain, [&](int64_t b, int64_t e) {
-      forward_range(Q, K, a, O, U, c.s, causal, c.blas, b, e);
+      forward_range(Q, K, a, O, U, c.s, causal, b, e);
     });
   });
   return {out, writes};
@@ -175,9 +176,9 @@ std::tuple<torch::Tensor, torch::Tensor> delta_attend_forward(const torch::Tenso
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> delta_attend_backward(
     const torch::Tensor& grad, const torch::Tensor& writes, const torch::Tensor& q, const torch::Tensor& k,
-    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu, bool causal, int64_t norm, double eps,
-    bool blas) {
-  const DeltaCall c(q, k, v, beta, map, nu, causal, norm, eps, blas, "delta_attend_backward");
+    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu,
+    const c10::optional<torch::Tensor>& projection, bool causal, int64_t norm, double eps, bool blas) {
+  const DeltaCall c(q, k, v, beta, map, nu, projection, causal, norm, eps, blas, "delta_attend_backward");
   const std::vector<int64_t> read{c.B, c.H, c.s.Tq, c.v.size(3)}, rows{c.B, c.H, c.s.Tk, c.v.size(3)};
   TORCH_CHECK(grad.sizes() == read && writes.sizes() == rows,
               "delta_attend_backward: grad and writes must be delta_attend_forward's O's and U's shape");
@@ -192,7 +193,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> delta_att
     const scalar_t *G = gc.data_ptr<scalar_t>(), *U = uc.data_ptr<scalar_t>();
     scalar_t *DV = dv.data_ptr<scalar_t>(), *DB = dbeta.data_ptr<scalar_t>();
     at::parallel_for(0, c.B * c.H, fw::kHeadGrain, [&](int64_t b, int64_t e) {
-      backward_range(G, U, Q, K, a, DQ, DK, DV, DB, c.s, causal, c.blas, b, e);
+      backward_range(G, U, Q, K, a, DQ, DK, DV, DB, c.s, causal, b, e);
     });
   });
   return {dq, dk, dv, dbeta};

@@ -9,24 +9,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "norm and eps)", py::arg("grad"), py::arg("x"), py::arg("nu"), py::arg("norm") = 0, py::arg("eps") = 1e-6);
   m.def("dpfp_scores", &dpfp_scores, "rows [B, H, R, 2 d nu] . dpfp(keys [B, H, t, d]) -> [B, H, R, t] (no grad)");
   m.def("feature_attend_forward", &feature_attend_forward, "(A, s) from q [B, H, Tq, d], k [B, H, T, d] and a map (0 "
-        "DPFP-nu, 1 ELU+1, 2 Hedgehog): the sum rule's read weights A = mask(phi(q) phi(k)^T) / s, s = row sums + "
-        "eps; the features of keys at key_padding_mask [B, T] read as 0", py::arg("q"), py::arg("k"),
-        py::arg("key_padding_mask"), py::arg("map"), py::arg("nu"), py::arg("causal"), py::arg("eps"),
-        py::arg("blas") = true);
+        "DPFP-nu, 1 ELU+1, 2 Hedgehog, 3 FAVOR+ with its projection [m, d]): the sum rule's read weights "
+        "A = mask(phi(q) phi(k)^T) / s, s = row sums + eps; the features of keys at key_padding_mask [B, T] read as 0",
+        py::arg("q"), py::arg("k"), py::arg("key_padding_mask"), py::arg("map"), py::arg("nu"), py::arg("projection"),
+        py::arg("causal"), py::arg("eps"), py::arg("blas") = true);
   m.def("feature_attend_backward", &feature_attend_backward, "(dq, dk) from the gradient of feature_attend_forward's "
         "A, dq and dk in q's and k's layouts", py::arg("grad"), py::arg("out"), py::arg("sums"), py::arg("q"),
-        py::arg("k"), py::arg("key_padding_mask"), py::arg("map"), py::arg("nu"), py::arg("causal"), py::arg("eps"),
-        py::arg("blas") = true);
+        py::arg("k"), py::arg("key_padding_mask"), py::arg("map"), py::arg("nu"), py::arg("projection"),
+        py::arg("causal"), py::arg("eps"), py::arg("blas") = true);
   m.def("feature_attend_blas", &feature_attend_blas, "whether the short reads' products found BLAS (sgemm_, dgemm_)");
   m.def("delta_attend_forward", &delta_attend_forward, "(O, U): the delta rule's read of a short sequence (causal: "
         "one chunk) from q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M], beta [B, H, T], phi of a map (as "
         "feature_attend_forward's) normalised by norm (1 sum, 2 l2), and its writes U", py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("beta"), py::arg("map"), py::arg("nu"), py::arg("causal"), py::arg("norm"),
-        py::arg("eps"), py::arg("blas") = true);
+        py::arg("v"), py::arg("beta"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("causal"),
+        py::arg("norm"), py::arg("eps"), py::arg("blas") = true);
   m.def("delta_attend_backward", &delta_attend_backward, "(dq, dk, dv, dbeta) from the gradient of "
         "delta_attend_forward's O and its U", py::arg("grad"), py::arg("writes"), py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("beta"), py::arg("map"), py::arg("nu"), py::arg("causal"), py::arg("norm"),
-        py::arg("eps"), py::arg("blas") = true);
+        py::arg("v"), py::arg("beta"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("causal"),
+        py::arg("norm"), py::arg("eps"), py::arg("blas") = true);
   m.def("lazy_step", &lazy_step, "a decoding step of the lazy cache, of DPFP-nu's raw keys or (nu 0) of features: (o, u)", py::arg("phi_q"),
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),

@@ -1,5 +1,5 @@
 // The sum rule's read of a short sequence from the raw heads, for the maps with a row form (map_rows.h: DPFP-nu, ELU+1,
-// Hedgehog; fw_fairseq/ops/feature_attend.py; what it shares with the delta rule's, delta_attend.cpp, is
+// Hedgehog, FAVOR+; fw_fairseq/ops/feature_attend.py; what it shares with the delta rule's, delta_attend.cpp, is
 // attend_heads.h).
 //
 // Per head, P = mask(phi(q) phi(k)^T) [Tq, T] (mask: s <= t where causal), s_t = sum_s P_ts + eps and A = P / s, so
@@ -32,13 +32,13 @@ using fw::Shape;
 // heads [b, e): A [Tq, T] into out and s [Tq] into S
 template <typename T>
 FW_INLINE void forward_range_of(const Heads<const T>& Q, const Heads<const T>& K, const bool* pad, T* out, T* S,
-                                const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
+                                const Shape& x, bool causal, int64_t b, int64_t e) {
   fw::with_head<T>(x, [&](auto& head) __attribute__((always_inline)) {
     const int64_t Tq = x.Tq, Tk = x.Tk;
     for (int64_t n = b; n < e; ++n) {
       head.load(Q, K, pad, n);
       T* P = out + n * Tq * Tk;
-      head.products(P, Tq, causal, blas);
+      head.products(P, Tq, causal);
       for (int64_t t = 0; t < Tq; ++t) {  // A = P / s
         T* __restrict__ row = P + t * Tk;
         const int64_t seen = causal ? t + 1 : Tk;
@@ -55,7 +55,7 @@ FW_INLINE void forward_range_of(const Heads<const T>& Q, const Heads<const T>& K
 template <typename T>
 FW_INLINE void backward_range_of(const T* G, const T* A, const T* S, const Heads<const T>& Q, const Heads<const T>& K,
                                  const bool* pad, const Heads<T>& DQ, const Heads<T>& DK, const Shape& x, bool causal,
-                                 bool blas, int64_t b, int64_t e) {
+                                 int64_t b, int64_t e) {
   fw::with_head<T>(x, [&](auto& head) __attribute__((always_inline)) {
     const int64_t Tq = x.Tq, Tk = x.Tk;
     std::vector<T> dP(Tq * Tk);
@@ -69,45 +69,46 @@ FW_INLINE void backward_range_of(const T* G, const T* A, const T* S, const Heads
         for (int64_t j = 0; j < seen; ++j) dp[j] = (gt[j] - c) * inv;
         for (int64_t j = seen; j < Tk; ++j) dp[j] = T(0);
       }
-      head.back(dP.data(), static_cast<const T*>(nullptr), pad, n, DQ, DK, blas);
+      head.back(dP.data(), static_cast<const T*>(nullptr), pad, n, DQ, DK);
     }
   });
 }
 
 // One clone set per dtype, overloaded so that AT_DISPATCH's scalar_t picks it (kernels.h).
 FW_CLONES void forward_range(const Heads<const float>& Q, const Heads<const float>& K, const bool* pad, float* out,
-                             float* S, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  forward_range_of(Q, K, pad, out, S, x, causal, blas, b, e);
+                             float* S, const Shape& x, bool causal, int64_t b, int64_t e) {
+  forward_range_of(Q, K, pad, out, S, x, causal, b, e);
 }
 FW_CLONES void forward_range(const Heads<const double>& Q, const Heads<const double>& K, const bool* pad, double* out,
-                             double* S, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  forward_range_of(Q, K, pad, out, S, x, causal, blas, b, e);
+                             double* S, const Shape& x, bool causal, int64_t b, int64_t e) {
+  forward_range_of(Q, K, pad, out, S, x, causal, b, e);
 }
 FW_CLONES void backward_range(const float* G, const float* A, const float* S, const Heads<const float>& Q,
                               const Heads<const float>& K, const bool* pad, const Heads<float>& DQ,
-                              const Heads<float>& DK, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  backward_range_of(G, A, S, Q, K, pad, DQ, DK, x, causal, blas, b, e);
+                              const Heads<float>& DK, const Shape& x, bool causal, int64_t b, int64_t e) {
+  backward_range_of(G, A, S, Q, K, pad, DQ, DK, x, causal, b, e);
 }
 FW_CLONES void backward_range(const double* G, const double* A, const double* S, const Heads<const double>& Q,
                               const Heads<const double>& K, const bool* pad, const Heads<double>& DQ,
-                              const Heads<double>& DK, const Shape& x, bool causal, bool blas, int64_t b, int64_t e) {
-  backward_range_of(G, A, S, Q, K, pad, DQ, DK, x, causal, blas, b, e);
+                              const Heads<double>& DK, const Shape& x, bool causal, int64_t b, int64_t e) {
+  backward_range_of(G, A, S, Q, K, pad, DQ, DK, x, causal, b, e);
 }
 
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor> feature_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                  const c10::optional<torch::Tensor>& key_padding_mask,
-                                                                 int64_t map, int64_t nu, bool causal, double eps,
-                                                                 bool blas) {
-  const Call c(q, k, key_padding_mask, map, nu, causal, fw::kNone, eps, blas, "feature_attend_forward");
+                                                                 int64_t map, int64_t nu,
+                                                                 const c10::optional<torch::Tensor>& projection,
+                                                                 bool causal, double eps, bool blas) {
+  const Call c(q, k, key_padding_mask, map, nu, projection, causal, fw::kNone, eps, blas, "feature_attend_forward");
   auto out = torch::empty({c.B, c.H, c.s.Tq, c.s.Tk}, c.q.options());  // A
   auto sums = torch::empty({c.B, c.H, c.s.Tq}, c.q.options());  // s
   AT_DISPATCH_FLOATING_TYPES(c.q.scalar_type(), "feature_attend_forward", [&] {
     const auto Q = heads_of<const scalar_t>(c.q), K = heads_of<const scalar_t>(c.k);
     scalar_t *O = out.data_ptr<scalar_t>(), *S = sums.data_ptr<scalar_t>();
     at::parallel_for(0, c.B * c.H, fw::kHeadGrain, [&](int64_t b, int64_t e) {
-      forward_range(Q, K, c.pad_data(), O, S, c.s, causal, c.blas, b, e);
+      forward_range(Q, K, c.pad_data(), O, S, c.s, causal, b, e);
     });
   });
   return {out, sums};
@@ -117,9 +118,10 @@ std::tuple<torch::Tensor, torch::Tensor> feature_attend_backward(const torch::Te
                                                                   const torch::Tensor& sums, const torch::Tensor& q,
                                                                   const torch::Tensor& k,
                                                                   const c10::optional<torch::Tensor>& key_padding_mask,
-                                                                  int64_t map, int64_t nu, bool causal, double eps,
-                                                                  bool blas) {
-  const Call c(q, k, key_padding_mask, map, nu, causal, fw::kNone, eps, blas, "feature_attend_backward");
+                                                                  int64_t map, int64_t nu,
+                                                                  const c10::optional<torch::Tensor>& projection,
+                                                                  bool causal, double eps, bool blas) {
+  const Call c(q, k, key_padding_mask, map, nu, projection, causal, fw::kNone, eps, blas, "feature_attend_backward");
   const std::vector<int64_t> rows{c.B, c.H, c.s.Tq, c.s.Tk}, row_sums{c.B, c.H, c.s.Tq};
   TORCH_CHECK(grad.sizes() == rows && out.sizes() == rows && sums.sizes() == row_sums,
               "feature_attend_backward: grad and out must be feature_attend_forward's A's shape, sums its s");
@@ -131,7 +133,7 @@ std::tuple<torch::Tensor, torch::Tensor> feature_attend_backward(const torch::Te
     const auto DQ = heads_of<scalar_t>(dq), DK = heads_of<scalar_t>(dk);
     const scalar_t *G = gc.data_ptr<scalar_t>(), *A = ac.data_ptr<scalar_t>(), *S = sc.data_ptr<scalar_t>();
     at::parallel_for(0, c.B * c.H, fw::kHeadGrain, [&](int64_t b, int64_t e) {
-      backward_range(G, A, S, Q, K, c.pad_data(), DQ, DK, c.s, causal, c.blas, b, e);
+      backward_range(G, A, S, Q, K, c.pad_data(), DQ, DK, c.s, causal, b, e);
     });
   });
   return {dq, dk};

@@ -35,19 +35,21 @@ torch::Tensor dpfp_backward(const torch::Tensor& grad, const torch::Tensor& x, i
 torch::Tensor dpfp_scores(const torch::Tensor& rows, const torch::Tensor& keys, int64_t nu);
 
 // feature_attend.cpp: the sum rule's read weights A [B, H, Tq, T] = mask(phi(q) phi(k)^T) / s and the row sums
-// s [B, H, Tq] from raw heads q [B, H, Tq, d], k [B, H, T, d] and the map's code (0 DPFP-nu, 1 ELU+1, 2 Hedgehog;
-// the features of keys at key_padding_mask [B, T] read as 0); and (dq, dk) from the gradient of A. blas: the products
-// through BLAS where it was found (feature_attend_blas), else loops
+// s [B, H, Tq] from raw heads q [B, H, Tq, d], k [B, H, T, d] and the map's code (0 DPFP-nu, 1 ELU+1, 2 Hedgehog,
+// 3 FAVOR+ with its projection [m, d]; the features of keys at key_padding_mask [B, T] read as 0); and (dq, dk)
+// from the gradient of A. blas: the products through BLAS where it was found (feature_attend_blas), else loops
 std::tuple<torch::Tensor, torch::Tensor> feature_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                  const c10::optional<torch::Tensor>& key_padding_mask,
-                                                                 int64_t map, int64_t nu, bool causal, double eps,
-                                                                 bool blas);
+                                                                 int64_t map, int64_t nu,
+                                                                 const c10::optional<torch::Tensor>& projection,
+                                                                 bool causal, double eps, bool blas);
 std::tuple<torch::Tensor, torch::Tensor> feature_attend_backward(const torch::Tensor& grad, const torch::Tensor& out,
                                                                   const torch::Tensor& sums, const torch::Tensor& q,
                                                                   const torch::Tensor& k,
                                                                   const c10::optional<torch::Tensor>& key_padding_mask,
-                                                                  int64_t map, int64_t nu, bool causal, double eps,
-                                                                  bool blas);
+                                                                  int64_t map, int64_t nu,
+                                                                  const c10::optional<torch::Tensor>& projection,
+                                                                  bool causal, double eps, bool blas);
 bool feature_attend_blas();
 
 // delta_attend.cpp: the delta rule's read O [B, H, Tq, M] of a short sequence (causal: one chunk; else every query
@@ -56,12 +58,13 @@ bool feature_attend_blas();
 // the gradient of O
 std::tuple<torch::Tensor, torch::Tensor> delta_attend_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                const torch::Tensor& v, const torch::Tensor& beta,
-                                                               int64_t map, int64_t nu, bool causal, int64_t norm,
-                                                               double eps, bool blas);
+                                                               int64_t map, int64_t nu,
+                                                               const c10::optional<torch::Tensor>& projection,
+                                                               bool causal, int64_t norm, double eps, bool blas);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> delta_attend_backward(
     const torch::Tensor& grad, const torch::Tensor& writes, const torch::Tensor& q, const torch::Tensor& k,
-    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu, bool causal, int64_t norm, double eps,
-    bool blas);
+    const torch::Tensor& v, const torch::Tensor& beta, int64_t map, int64_t nu,
+    const c10::optional<torch::Tensor>& projection, bool causal, int64_t norm, double eps, bool blas);
 
 // lazy_step.cpp: a decoding step of the lazy cache (DPFP-nu's raw keys, or nu 0: the features themselves) ->
 // (o, u), appending the key where given

@@ -4,8 +4,12 @@
 // A row map is a struct with scratch for one row: prepare(x) reads a raw row x [d] once, phi(out) writes its features
 // [width()] unnormalised, backward(g, dx) writes dx [d] from g = dphi [width()] of the row last prepared. It is made
 // once per parallel task (its buffers), and its member functions are always_inline: they must be compiled inside
-// each FW_CLONES clone (kernels.h) that calls them. Each map is the same function as its PyTorch form in
-// fw_fairseq/ops/feature_maps.py; the kernels' codes for them are cpu_extension.KERNEL_MAPS's.
+// each FW_CLONES clone (kernels.h) that calls them. Three hooks for FAVOR+, no-ops for the others (RowDefaults):
+// queries(bool) says whether the rows that follow are queries' or keys'; begin(X, rows) comes before any row of the
+// block X [rows, d] is prepared, and end(DX, rows) after the backward has written all of DX [rows, d], so that a
+// product of the rows with a matrix runs as one matrix product (attend_heads.h's HeadBuffers calls them once per
+// head, for the rows of its queries and keys; the row loops below do not). Each map is the same function as its
+// PyTorch form in fw_fairseq/ops/feature_maps.py; the kernels' codes for them are cpu_extension.KERNEL_MAPS's.
 #pragma once
 
 #include <algorithm>
@@ -16,18 +20,28 @@
 
 #include "dot.h"
 #include "dpfp_rows.h"
+#include "products.h"
 #include "vexp.h"
 
 #define FW_INLINE inline __attribute__((always_inline))
 
 namespace fw {
 
-enum Map : int64_t { kDpfp = 0, kElu = 1, kHedgehog = 2 };
+enum Map : int64_t { kDpfp = 0, kElu = 1, kHedgehog = 2, kFavor = 3 };
+
+// the hooks of a map whose rows are the same function for queries and keys, each row on its own
+struct RowDefaults {
+  FW_INLINE void queries(bool) {}
+  template <typename T>
+  FW_INLINE void begin(const T*, int64_t) {}
+  template <typename T>
+  FW_INLINE void end(T*, int64_t) {}
+};
 
 // DPFP-nu, E = 2 d nu: phi_i[j] = r[j] r[(j - i) mod w], r = [relu(x), relu(-x)], w = 2d (dpfp_rows.h);
 // dx[k] = dr[k] where x[k] > 0, -dr[k + d] where x[k] < 0, else 0 (relu's gradient at 0, as autograd's)
 template <typename T>
-struct DpfpRow {
+struct DpfpRow : RowDefaults {
   int64_t d, nu;
   std::vector<T> r_ext, dr;  // [r[w - nu:], r, r[:nu]]: r[j -/+ i] at r_ext + nu + j -/+ i (dr_terms); dr [w]
   DpfpRow(int64_t d_, int64_t nu_) : d(d_), nu(nu_), r_ext(2 * d_ + 2 * nu_), dr(2 * d_) {}
@@ -88,7 +102,7 @@ FW_INLINE void min_max(const T* __restrict__ x, int64_t n, T& lo, T& hi) {
 
 // ELU+1, E = d: phi = x + 1 where x > 0, else exp(x) (= elu(x) + 1); its derivative 1, else exp(x)
 template <typename T>
-struct EluRow {
+struct EluRow : RowDefaults {
   int64_t d;
   std::vector<T> x, e, scratch;  // the row, exp(min(x, 0)), x + 1 or g
   explicit EluRow(int64_t d_) : d(d_), x(d_), e(d_), scratch(d_) {}
@@ -114,7 +128,7 @@ struct EluRow {
 // Hedgehog, E = 2d: phi = [softmax(x), softmax(-x)] over the row's d entries, each exp shifted by its half's largest
 // argument as torch.softmax is; dx = p (g - p . g) - p' (g' - p' . g') for the halves p, p' of phi and g, g' of g
 template <typename T>
-struct HedgehogRow {
+struct HedgehogRow : RowDefaults {
   int64_t d;
   std::vector<T> p;  // phi [2d]
   explicit HedgehogRow(int64_t d_) : d(d_), p(2 * d_) {}
@@ -136,6 +150,75 @@ struct HedgehogRow {
     const T* __restrict__ h = p.data();
     const T a = dot(h, g, d), b = dot(h + d, g + d, d);
     for (int64_t k = 0; k < d; ++k) dx[k] = h[k] * (g[k] - a) - h[d + k] * (g[d + k] - b);
+  }
+};
+
+// FAVOR+ with R [m, d] (a buffer, no gradient), E = 2m: x' = x d^-1/4, u = R x', h = |x'|^2 / 2, e = [u - h, -u - h],
+// phi = exp(e - c) / sqrt(2m) with c = max_j e_j for a query (a factor its read divides out) and 0 for a key.
+// Backward (favor_function.py): de = g phi; for a query de[argmax] -= sum(de) (the shift's gradient; then
+// sum(de) = 0 and |x'|^2's term drops); du = de[:m] - de[m:]; dx = (du R - x' sum(de) (keys)) d^-1/4.
+// The projections of a block of rows are matrix products (begin: U = X R^T; end: DX += dU R d^-1/4), through BLAS
+// where `blas`: a row at a time they cost 4 times DPFP-2's whole read (u and dx are m and d wide, the registers hold
+// neither, each of their d or m updates a load and a store of all of it). A row's phi is kept from its first
+// prepare until the next begin: the backward prepares each row again, and its 2m exp are most of the map's time.
+template <typename T>
+struct FavorRow : RowDefaults {
+  int64_t d, m;
+  const T* R;  // [m, d]
+  bool blas, query = false;
+  T scale;  // d^-1/4
+  const T *X = nullptr, *x = nullptr;  // the block's rows (begin); the row last prepared
+  int64_t n = 0;  // its index in the block
+  std::vector<T> U, dU, dUR, Phi, e;  // X R^T, dU [rows, m]; dU R [rows, d]; phi [rows, 2m]; e, then de [2m]
+  std::vector<int64_t> top;  // [rows]: a query's argmax of e (the first, where tied); -1: the row is not formed yet
+  FavorRow(const T* R_, int64_t d_, int64_t m_, bool blas_)
+      : d(d_), m(m_), R(R_), blas(blas_), scale(T(std::pow(double(d_), -0.25))), e(2 * m_) {}
+  int64_t width() const { return 2 * m; }
+  FW_INLINE void queries(bool q) { query = q; }
+  FW_INLINE void begin(const T* rows, int64_t count) {
+    X = rows;
+    for (auto* buffer : {&U, &dU}) buffer->resize(count * m);
+    dUR.resize(count * d);
+    Phi.resize(count * 2 * m);
+    top.assign(count, -1);
+    mm_abt(count, m, d, rows, R, U.data(), blas);
+  }
+  FW_INLINE void prepare(const T* __restrict__ row) {
+    x = row;
+    n = (row - X) / d;
+    if (top[n] >= 0) return;
+    T* __restrict__ u = e.data();
+    const T* __restrict__ xr = U.data() + n * m;
+    const T h = T(0.5) * lane_sum<T>(d, [&](int64_t i) { return (row[i] * scale) * (row[i] * scale); });
+    for (int64_t j = 0; j < m; ++j) {
+      u[j] = xr[j] * scale - h;
+      u[m + j] = -xr[j] * scale - h;
+    }
+    T lo, c = T(0);
+    top[n] = 0;
+    if (query) {
+      min_max(u, 2 * m, lo, c);
+      top[n] = std::find(u, u + 2 * m, c) - u;
+    }
+    T* __restrict__ p = Phi.data() + n * 2 * m;
+    exp_row(u, T(1), -c, p, 2 * m);
+    const T inv = T(1.0 / std::sqrt(double(2 * m)));
+    for (int64_t j = 0; j < 2 * m; ++j) p[j] *= inv;
+  }
+  FW_INLINE void phi(T* out) const { std::copy(Phi.data() + n * 2 * m, Phi.data() + (n + 1) * 2 * m, out); }
+  FW_INLINE void backward(const T* __restrict__ g, T* __restrict__ dx) {
+    T* __restrict__ de = e.data();
+    T* __restrict__ du = dU.data() + n * m;
+    const T* __restrict__ p = Phi.data() + n * 2 * m;
+    for (int64_t j = 0; j < 2 * m; ++j) de[j] = g[j] * p[j];
+    const T total = sum(de, 2 * m), h_grad = query ? T(0) : -total * scale;
+    if (query) de[top[n]] -= total;
+    for (int64_t j = 0; j < m; ++j) du[j] = (de[j] - de[m + j]) * scale;
+    for (int64_t i = 0; i < d; ++i) dx[i] = h_grad * (x[i] * scale);
+  }
+  FW_INLINE void end(T* DX, int64_t count) {
+    mm_ab(count, d, m, dU.data(), R, dUR.data(), blas);
+    for (int64_t i = 0; i < count * d; ++i) DX[i] += dUR[i];
   }
 };
 

@@ -164,7 +164,8 @@ class FastWeightAttention(nn.Module):
 
     def _short_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
         """The rule's read of a short sequence [B, H, T, D] (the z column divided out) where the feature map has it
-        from the raw heads in one op (FeatureMap.short_read: DPFP, ELU+1 and Hedgehog on the CPU kernels), else None."""
+        from the raw heads in one op (FeatureMap.short_read: the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else
+        None."""
         norm = self.delta_norm if self.rule.normalised_phi else None
         return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars, key_padding_mask,
                                    self.path == CAUSAL, norm)

@@ -9,7 +9,7 @@ import torch
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 KERNEL_NORMS = {None: 0, "sum": 1, "l2": 2}  # the normalisations of phi as the kernels take them (fw::Norm)
-KERNEL_MAPS = {"dpfp": 0, "elu": 1, "hedgehog": 2}  # the feature maps with a row form there (fw::Map, map_rows.h)
+KERNEL_MAPS = {"dpfp": 0, "elu": 1, "hedgehog": 2, "favor": 3}  # the maps with a row form there (fw::Map, map_rows.h)
 _cpu = None  # fw_fairseq._cpu once imported, False where it is not built
 
 

@@ -1,5 +1,5 @@
 """A short sequence's read from the raw heads, on the CPU kernels (cpu/feature_attend.cpp, cpu/delta_attend.cpp), for
-the maps with a row form there (cpu_extension.KERNEL_MAPS: DPFP-nu, ELU+1, Hedgehog).
+the maps with a row form there (cpu_extension.KERNEL_MAPS: DPFP-nu, ELU+1, Hedgehog, FAVOR+).
 
 A short sequence reads in the order (q k^T) v: its products of features are [T, T] per head, where forming phi
 writes [B, H, T, E] tensors that, with their gradients, cost the plain composition more than the products on a
@@ -35,24 +35,24 @@ BLAS = True
 
 class SumRead(torch.autograd.Function):
     """y [B, H, Tq, M] = A v from q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M] (module docstring); map: the
-    kernel's (code, nu)."""
+    kernel's (code, nu, projection)."""
 
     @staticmethod
     def forward(ctx, q, k, v, pad, map, causal, kernel):
         weights, sums = kernel.feature_attend_forward(q, k, pad, *map, causal, Z_EPS, BLAS)  # [B,H,Tq,T], [B,H,Tq]
-        ctx.save_for_backward(q, k, v, weights, sums, pad)
-        ctx.map, ctx.causal, ctx.kernel = map, causal, kernel
+        ctx.save_for_backward(q, k, v, weights, sums, pad, map[2])  # FAVOR+'s R saved: a redraw in place is caught
+        ctx.map, ctx.causal, ctx.kernel = map[:2], causal, kernel
         return weights @ v
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        q, k, v, weights, sums, pad = ctx.saved_tensors
+        q, k, v, weights, sums, pad, projection = ctx.saved_tensors
         dq = dk = dv = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             d_weights = grad @ v.transpose(-1, -2)  # [B, H, Tq, T]
-            dq, dk = ctx.kernel.feature_attend_backward(d_weights, weights, sums, q, k, pad, *ctx.map, ctx.causal,
-                                                        Z_EPS, BLAS)
+            dq, dk = ctx.kernel.feature_attend_backward(d_weights, weights, sums, q, k, pad, *ctx.map, projection,
+                                                        ctx.causal, Z_EPS, BLAS)
         if ctx.needs_input_grad[2]:
             dv = weights.transpose(-1, -2) @ grad  # [B, H, T, M]
         return dq, dk, dv, None, None, None, None
@@ -60,21 +60,21 @@ class SumRead(torch.autograd.Function):
 
 class DeltaRead(torch.autograd.Function):
     """O [B, H, Tq, M] of the delta rule from q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M], beta [B, H, T]
-    (module docstring); map: the kernel's (code, nu); norm: KERNEL_NORMS' code."""
+    (module docstring); map: the kernel's (code, nu, projection); norm: KERNEL_NORMS' code."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, map, causal, norm, kernel):
         out, writes = kernel.delta_attend_forward(q, k, v, beta, *map, causal, norm, PHI_EPS, BLAS)  # O, U
-        ctx.save_for_backward(q, k, v, beta, writes)
-        ctx.map, ctx.causal, ctx.norm, ctx.kernel = map, causal, norm, kernel
+        ctx.save_for_backward(q, k, v, beta, writes, map[2])
+        ctx.map, ctx.causal, ctx.norm, ctx.kernel = map[:2], causal, norm, kernel
         return out
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
-        q, k, v, beta, writes = ctx.saved_tensors
-        dq, dk, dv, dbeta = ctx.kernel.delta_attend_backward(grad, writes, q, k, v, beta, *ctx.map, ctx.causal,
-                                                             ctx.norm, PHI_EPS, BLAS)
+        q, k, v, beta, writes, projection = ctx.saved_tensors
+        dq, dk, dv, dbeta = ctx.kernel.delta_attend_backward(grad, writes, q, k, v, beta, *ctx.map, projection,
+                                                             ctx.causal, ctx.norm, PHI_EPS, BLAS)
         return dq, dk, dv, dbeta, None, None, None, None
 
 
@@ -102,11 +102,12 @@ def _delta_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_
 _READS = {"sum": _sum_read, "delta": _delta_read}  # the rules with a read here, by name (rules.RULES)
 
 
-def short_read(map_name, nu, width, rule, q, k, v, scalars, causal, norm, key_padding_mask=None):
+def short_read(map_name, nu, width, rule, q, k, v, scalars, causal, norm, key_padding_mask=None, projection=None):
     """The read y [B, H, Tq, M] of rule `rule` (a rules.RULES name) with the features of map `map_name` (a KERNEL_MAPS
-    name; nu: DPFP's, else ignored; width: its E) of raw heads q [B, H, Tq, d] and k [B, H, T, d], values v [B, H, T, M] (0 at
-    padded positions) and the rule's scalars ([B, H, T] each, at their pad values there), phi normalised by `norm`
-    where the rule normalises it; key_padding_mask [B, T], True at padding. The sum rule's read is divided by its z
+    name; nu: DPFP's, else ignored; projection: FAVOR+'s R [m, d], else None; width: its E) of raw heads
+    q [B, H, Tq, d] and k [B, H, T, d], values v [B, H, T, M] (0 at padded positions) and the rule's scalars
+    ([B, H, T] each, at their pad values there), phi normalised by `norm` where the rule normalises it;
+    key_padding_mask [B, T], True at padding. The sum rule's read is divided by its z
     column. None where it does not run: a rule or order without a read here, no kernel (not built, not
     float32/float64 CPU tensors, torch.compile tracing), an empty sequence, or mixed dtypes; the caller then forms
     phi and runs the rule, the same function."""
@@ -114,4 +115,7 @@ def short_read(map_name, nu, width, rule, q, k, v, scalars, causal, norm, key_pa
     if (not kernel or rule not in _READS or q.shape[2] == 0 or k.shape[2] == 0
             or any(x.dtype != q.dtype for x in (k, v, *scalars))):
         return None
-    return _READS[rule](kernel, (KERNEL_MAPS[map_name], nu), width, q, k, v, scalars, causal, norm, key_padding_mask)
+    if projection is not None:
+        projection = projection.to(q.dtype)  # a float32 buffer; the kernel computes in q's dtype
+    return _READS[rule](kernel, (KERNEL_MAPS[map_name], nu, projection), width, q, k, v, scalars, causal, norm,
+                        key_padding_mask)

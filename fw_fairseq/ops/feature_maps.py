@@ -143,10 +143,11 @@ class FeatureMap(nn.Module, abc.ABC):
         """rows [B, H, R, E] . phi(cached [B, H, t, cache_width]) -> [B, H, R, t]."""
         return rows @ cached.transpose(-1, -2)
 
-    # The map's name among the CPU kernel's row forms (cpu_extension.KERNEL_MAPS), None where it has none, and the
-    # nu it takes (DPFP's; 0 for the others)
+    # The map's name among the CPU kernel's row forms (cpu_extension.KERNEL_MAPS), None where it has none, the nu it
+    # takes (DPFP's; 0 for the others) and its projection (FAVOR+'s R; None for the others)
     kernel_map = None
     kernel_nu = 0
+    kernel_projection = None
 
     def short_read(self, rule, q, k, v, scalars, key_padding_mask, causal, norm):
         """The read [B, H, Tq, M] of rule `rule` (a RULES name; the sum rule's divided by its z column) from the raw
@@ -158,7 +159,7 @@ class FeatureMap(nn.Module, abc.ABC):
         if self.kernel_map is None:
             return None
         return short_read(self.kernel_map, self.kernel_nu, self.out_dim, rule, q, k, v, scalars, causal, norm,
-                          key_padding_mask)
+                          key_padding_mask, self.kernel_projection)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):
         """Generation's decoding step over the cache (decoder_state.lazy_step's (o, u)) in one kernel call, or
@@ -297,6 +298,12 @@ class FavorPlus(FeatureMap):
             return
         p = self.projection
         p.copy_(orthogonal_gaussian(self.num_features, self.head_dim, p.device, p.dtype))
+
+    kernel_map = "favor"
+
+    @property
+    def kernel_projection(self):
+        return self.projection
 
     def forward(self, x, is_query):
         """x: [..., head_dim] -> phi(x): [..., 2m]; `is_query` picks the stabilisation (see below)."""

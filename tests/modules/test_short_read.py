@@ -1,5 +1,5 @@
-"""FastWeightAttention's read of a short sequence from the raw heads (FeatureMap.short_read: DPFP, ELU+1 and Hedgehog on
-the CPU kernel, for the sum rule on each path and the causal delta rule) is the same function as forming phi and
+"""FastWeightAttention's read of a short sequence from the raw heads (FeatureMap.short_read: DPFP, ELU+1, Hedgehog and
+FAVOR+ on the CPU kernel, for the sum rule and the delta rule on each path) is the same function as forming phi and
 running the rule:
 outputs and every gradient (parameters and inputs) in float64, with padding, in training mode; and where the
 sequence is not short (no short read: the rule runs)."""

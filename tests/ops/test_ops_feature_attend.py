@@ -1,5 +1,5 @@
 """short_read (a short sequence's read from raw heads, on cpu/feature_attend.cpp) against the plain compositions it
-replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog). The sum rule: divide_by_z of
+replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog, FAVOR+). The sum rule: divide_by_z of
 (phi(q) phi(k)^T) [v; 1] (tril where causal), with padded keys' value rows zeroed; the causal delta rule:
 fast_weight_delta of normalised features, with padded positions at beta = 0. Outputs and gradients of every input in
 float64, its products through BLAS and through the kernel's own loops, every width of nu, padding, causal and not,
@@ -8,20 +8,38 @@ it says so (None)."""
 import pytest
 import torch
 
-from fw_fairseq.ops import (PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one, fast_weight_attend,
-                            fast_weight_delta, feature_attend, feature_map)
+from fw_fairseq.ops import (FEATURE_MAPS, PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one,
+                            fast_weight_attend, fast_weight_delta, feature_attend, feature_map)
 from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
 from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.favor_function import favor_plus, orthogonal_gaussian
 from fw_fairseq.ops.rules import short_order
 
-# the maps' plain formulas (feature_maps.py), by kernel name: x [..., d], nu (DPFP's) -> phi [..., E]
-PLAIN = {"dpfp": dpfp, "elu": lambda x, nu: elu_plus_one(x),
-         "hedgehog": lambda x, nu: torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1)}
+
+def favor_features(nu):
+    """FAVOR+'s m in these tests, from the cases' nu: never a multiple of a vector's lanes (the kernel's tails)."""
+    return 12 * nu - 5
+
+
+def projection(name, d, nu):
+    """FAVOR+'s R [m, d] for d-wide heads (float64, the same draw for the same d and nu); None for the other maps."""
+    if name != "favor":
+        return None
+    with torch.random.fork_rng():
+        torch.manual_seed(d * 100 + nu)
+        return orthogonal_gaussian(favor_features(nu), d, None, torch.float64)
+
+
+# the maps' plain formulas (feature_maps.py), by kernel name: x [..., d], nu (DPFP's; FAVOR+'s m from it), whether x
+# holds queries -> phi [..., E]
+PLAIN = {"dpfp": lambda x, nu, query: dpfp(x, nu), "elu": lambda x, nu, query: elu_plus_one(x),
+         "hedgehog": lambda x, nu, query: torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1),
+         "favor": lambda x, nu, query: favor_plus(x, projection("favor", x.shape[-1], nu).to(x.dtype), query)}
 
 
 def width(name, d, nu):
     """E of map `name` for d-wide heads: its FeatureMap's out_dim (the width short_read is given)."""
-    return feature_map(name, d, nu=nu).out_dim
+    return feature_map(name, d, nu=nu, m=favor_features(nu)).out_dim
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["blas", "loops"])
@@ -34,7 +52,9 @@ def products(request, monkeypatch):
 
 
 def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
-    return feature_attend.short_read(name, nu, width(name, q.shape[-1], nu), rule, q, k, v, scalars, causal, norm, pad)
+    d = q.shape[-1]
+    return feature_attend.short_read(name, nu, width(name, d, nu), rule, q, k, v, scalars, causal, norm, pad,
+                                     projection(name, d, nu))
 
 
 def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):
@@ -47,7 +67,7 @@ def plain(q, k, v, nu, causal, pad=None, name="dpfp"):
     u = append_z_column(v)
     if pad is not None:
         u = u.masked_fill(pad[:, None, :, None], 0.0)
-    scores = PLAIN[name](q, nu) @ PLAIN[name](k, nu).transpose(-1, -2)
+    scores = PLAIN[name](q, nu, True) @ PLAIN[name](k, nu, False).transpose(-1, -2)
     return divide_by_z((scores.tril() if causal else scores) @ u)
 
 
@@ -86,16 +106,16 @@ def test_float32_is_close_to_float64(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name", ["elu", "hedgehog"])
+@pytest.mark.parametrize("name", ["elu", "hedgehog", "favor"])
 def test_the_maps_exp_where_it_underflows(name, dtype):
-    """Heads of every scale up to 800 (ELU+1 and Hedgehog take exp of x, or of x less its largest entry): entries
-    far below the largest give exp of 0 in the kernel as in torch, and the read and its gradients stay those of
-    the plain composition."""
+    """Heads of every scale up to 800 (ELU+1, Hedgehog and FAVOR+ take exp of x, of x less its largest entry, of
+    R x' - |x'|^2 / 2): entries far below the largest give exp of 0 in the kernel as in torch, and the read and its
+    gradients stay those of the plain composition."""
     q, k, v = inputs(2, 2, 9, 9, 16, 8, seed=11)
     scale = torch.logspace(-2, 2.9, 16, dtype=torch.float64)  # one scale per entry of a head
     q, k = ((x.detach() * scale).to(dtype).requires_grad_() for x in (q, k))
     v = v.detach().to(dtype).requires_grad_()
-    ours, ref = sum_read(q, k, v, 0, True, name), plain(q, k, v, 0, True, name=name)
+    ours, ref = sum_read(q, k, v, 2, True, name), plain(q, k, v, 2, True, name=name)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ours, ref, **tol)
     upstream = torch.randn_like(ref)
@@ -138,12 +158,16 @@ def test_where_it_does_not_run_it_says_none(case):
     assert sum_read(q, k, v, 1, False) is None
 
 
-def test_the_maps_with_a_row_form_offer_it_and_favor_does_not():
+def test_every_map_offers_its_row_form():
+    """FeatureMap.short_read of each map: the kernel's read with the map's own nu or R (FAVOR+'s float32 buffer)."""
     q, k, v = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=5))
-    for name in KERNEL_MAPS:
-        ours = feature_map(name, 4, nu=2).short_read("sum", q, k, v, (), None, False, None)
-        torch.testing.assert_close(ours, plain(q, k, v, 2, False, name=name), rtol=1e-10, atol=1e-12)
-    assert feature_map("favor", 4, m=4).short_read("sum", q, k, v, (), None, False, None) is None
+    for name in FEATURE_MAPS:
+        phi = feature_map(name, 4, nu=2, m=3)
+        ours = phi.short_read("sum", q, k, v, (), None, False, None)
+        features = [phi(x, query) for x, query in ((q, True), (k, False))]
+        u = append_z_column(v)
+        torch.testing.assert_close(ours, divide_by_z(features[0] @ features[1].transpose(-1, -2) @ u), rtol=1e-10,
+                                   atol=1e-12)
 
 
 @pytest.mark.parametrize("rule,causal,T", [("sum", True, SUM_CHUNK_SIZE + 1), ("sum", False, 300),
@@ -158,7 +182,7 @@ def test_no_read_where_the_rule_takes_another_order(rule, causal, T):
 
 def delta_plain(q, k, v, beta, nu, norm, name="dpfp"):
     phi = PLAIN[name]
-    return fast_weight_delta(PHI_NORMS[norm](phi(q, nu)), PHI_NORMS[norm](phi(k, nu)), v, beta)[0]
+    return fast_weight_delta(PHI_NORMS[norm](phi(q, nu, True)), PHI_NORMS[norm](phi(k, nu, False)), v, beta)[0]
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
@@ -207,7 +231,7 @@ def test_non_causal_delta_matches_fast_weight_attend(name, B, H, Tq, T, d, nu, M
     beta, v = beta.requires_grad_(), v.requires_grad_()
     ours = read("delta", name, q, k, v, (beta,), nu, False, "l2")
     phi = PLAIN[name]
-    ref = fast_weight_attend(PHI_NORMS["l2"](phi(q, nu)), PHI_NORMS["l2"](phi(k, nu)), v, beta)
+    ref = fast_weight_attend(PHI_NORMS["l2"](phi(q, nu, True)), PHI_NORMS["l2"](phi(k, nu, False)), v, beta)
     if not short_order(Tq, T, width(name, d, nu), M):
         assert ours is None  # the memory's order is the cheaper: the rule runs it
         return
@@ -246,20 +270,27 @@ def test_heads_in_the_modules_layout_are_read_and_written_in_place(rule):
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda kn, q, k: kn.feature_attend_forward(q, k[:, :, :2], None, 0, 2, True, 1e-6, True), "causal needs as many"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 9, False, 1e-6, True), "nu must be in 1..2d-1"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 1, False, 1e-6, True),
-     "map must be 0 \\(dpfp\\), 1 \\(elu\\) or 2 \\(hedgehog\\)"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, False, 1e-6, True), "share a dtype"),
-    (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, False, 1e-6, True),
-     "key_padding_mask must be \\[B, T\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k[:, :, :2], k[..., 0], 0, 2, True, 2, 1e-6, True),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k[:, :, :2], None, 0, 2, None, True, 1e-6, True),
+     "causal needs as many"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 0, 9, None, False, 1e-6, True), "nu must be in 1..2d-1"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 4, 1, None, False, 1e-6, True),
+     "map must be 0 \\(dpfp\\), 1 \\(elu\\), 2 \\(hedgehog\\) or 3 \\(favor\\)"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 0, None, False, 1e-6, True),
+     "favor needs its projection, \\[m, d\\] in q's dtype"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, None, 3, 0, torch.zeros(5, 3, dtype=q.dtype), False, 1e-6,
+                                                True), "favor needs its projection"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 3, 0, torch.zeros(5, 4), True, 2, 1e-6, True),
+     "favor needs its projection"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k.float(), None, 0, 2, None, False, 1e-6, True), "share a dtype"),
+    (lambda kn, q, k: kn.feature_attend_forward(q, k, torch.zeros(1, 1, dtype=torch.bool), 0, 2, None, False, 1e-6,
+                                                True), "key_padding_mask must be \\[B, T\\]"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k[:, :, :2], k[..., 0], 0, 2, None, True, 2, 1e-6, True),
      "v must be \\[B, H, T, M\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., :2, 0], 0, 2, True, 2, 1e-6, True),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., :2, 0], 0, 2, None, True, 2, 1e-6, True),
      "beta must be \\[B, H, T\\]"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k.float(), k[..., 0], 0, 2, True, 2, 1e-6, True),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k.float(), k[..., 0], 0, 2, None, True, 2, 1e-6, True),
      "v and beta must have q's dtype"),
-    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 0, 2, True, 3, 1e-6, True), "norm must be 0"),
+    (lambda kn, q, k: kn.delta_attend_forward(q, k, k, k[..., 0], 0, 2, None, True, 3, 1e-6, True), "norm must be 0"),
 ])
 def test_the_kernel_refuses_what_it_cannot_compute(call, message):
     q, k, _ = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=10))
