@@ -79,11 +79,8 @@ struct HeadBuffers {
   FW_INLINE void load(const Heads<const T>& Q, const Heads<const T>& K, const bool* pad, int64_t n) {
     gather(Q, n, s.Tq, s.d, x.data());
     gather(K, n, s.Tk, s.d, x.data() + s.Tq * s.d);
-    map.begin(x.data(), s.Tq + s.Tk);
-    map.queries(true);
-    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, s.Tq);
-    map.queries(false);
-    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, s.Tq, s.Tq + s.Tk);
+    map.begin(x.data(), s.Tq + s.Tk, s.Tq);
+    forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, s.Tq + s.Tk);
     zero_padded(phi.data() + s.Tq * E, pad, n, Q.H, s.Tk, E);
   }
 
@@ -111,10 +108,7 @@ struct HeadBuffers {
     }
     mm_ab(Tq, E, Tk, dP, phi.data() + Tq * E, dphi.data(), s.blas);
     mm_ab(Tk, E, inner, coef.data(), phi.data(), dphi.data() + Tq * E, s.blas);
-    map.queries(true);
-    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, 0, Tq);
-    map.queries(false);
-    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, Tq, Tq + Tk);
+    backward_rows(map, dphi.data(), x.data(), dx.data(), s.norm, s.eps, 0, Tq + Tk);
     map.end(dx.data(), Tq + Tk);
     zero_padded(dx.data() + Tq * s.d, pad, n, DQ.H, Tk, s.d);
     scatter(dx.data(), DQ, n, Tq, s.d);

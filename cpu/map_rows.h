@@ -4,11 +4,12 @@
 // A row map is a struct with scratch for one row: prepare(x) reads a raw row x [d] once, phi(out) writes its features
 // [width()] unnormalised, backward(g, dx) writes dx [d] from g = dphi [width()] of the row last prepared. It is made
 // once per parallel task (its buffers), and its member functions are always_inline: they must be compiled inside
-// each FW_CLONES clone (kernels.h) that calls them. Three hooks for FAVOR+, no-ops for the others (RowDefaults):
-// queries(bool) says whether the rows that follow are queries' or keys'; begin(X, rows) comes before any row of the
-// block X [rows, d] is prepared, and end(DX, rows) after the backward has written all of DX [rows, d], so that a
-// product of the rows with a matrix runs as one matrix product (attend_heads.h's HeadBuffers calls them once per
-// head, for the rows of its queries and keys; the row loops below do not). Each map is the same function as its
+// each FW_CLONES clone (kernels.h) that calls them. Two hooks for FAVOR+, no-ops for the others (RowDefaults):
+// begin(X, rows, queries) comes before any row of the block X [rows, d] is prepared (its first `queries` rows are
+// queries', the others keys'), and end(DX, rows) after the backward has written all of DX [rows, d], so that a
+// product of the rows with a matrix runs as one matrix product and a row can be told a query's or a key's
+// (attend_heads.h's HeadBuffers calls them once per head, for the rows of its queries and keys; the row loops below
+// do not). Each map is the same function as its
 // PyTorch form in fw_fairseq/ops/feature_maps.py; the kernels' codes for them are cpu_extension.KERNEL_MAPS's.
 #pragma once
 
@@ -31,9 +32,8 @@ enum Map : int64_t { kDpfp = 0, kElu = 1, kHedgehog = 2, kFavor = 3 };
 
 // the hooks of a map whose rows are the same function for queries and keys, each row on its own
 struct RowDefaults {
-  FW_INLINE void queries(bool) {}
   template <typename T>
-  FW_INLINE void begin(const T*, int64_t) {}
+  FW_INLINE void begin(const T*, int64_t, int64_t) {}
   template <typename T>
   FW_INLINE void end(T*, int64_t) {}
 };
@@ -165,18 +165,18 @@ template <typename T>
 struct FavorRow : RowDefaults {
   int64_t d, m;
   const T* R;  // [m, d]
-  bool blas, query = false;
+  bool blas;
   T scale;  // d^-1/4
   const T *X = nullptr, *x = nullptr;  // the block's rows (begin); the row last prepared
-  int64_t n = 0;  // its index in the block
+  int64_t queries = 0, n = 0;  // the block's query rows (its first); the index of the row last prepared
   std::vector<T> U, dU, dUR, Phi, e;  // X R^T, dU [rows, m]; dU R [rows, d]; phi [rows, 2m]; e, then de [2m]
   std::vector<int64_t> top;  // [rows]: a query's argmax of e (the first, where tied); -1: the row is not formed yet
   FavorRow(const T* R_, int64_t d_, int64_t m_, bool blas_)
       : d(d_), m(m_), R(R_), blas(blas_), scale(T(std::pow(double(d_), -0.25))), e(2 * m_) {}
   int64_t width() const { return 2 * m; }
-  FW_INLINE void queries(bool q) { query = q; }
-  FW_INLINE void begin(const T* rows, int64_t count) {
+  FW_INLINE void begin(const T* rows, int64_t count, int64_t query_rows) {
     X = rows;
+    queries = query_rows;
     for (auto* buffer : {&U, &dU}) buffer->resize(count * m);
     dUR.resize(count * d);
     Phi.resize(count * 2 * m);
@@ -196,7 +196,7 @@ struct FavorRow : RowDefaults {
     }
     T lo, c = T(0);
     top[n] = 0;
-    if (query) {
+    if (n < queries) {
       min_max(u, 2 * m, lo, c);
       top[n] = std::find(u, u + 2 * m, c) - u;
     }
@@ -211,6 +211,7 @@ struct FavorRow : RowDefaults {
     T* __restrict__ du = dU.data() + n * m;
     const T* __restrict__ p = Phi.data() + n * 2 * m;
     for (int64_t j = 0; j < 2 * m; ++j) de[j] = g[j] * p[j];
+    const bool query = n < queries;
     const T total = sum(de, 2 * m), h_grad = query ? T(0) : -total * scale;
     if (query) de[top[n]] -= total;
     for (int64_t j = 0; j < m; ++j) du[j] = (de[j] - de[m + j]) * scale;
