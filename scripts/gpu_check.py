@@ -99,10 +99,12 @@ class Check:
             "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                             "--upgrade", "--target", str(site), *wheels],
             # built in place in its unpacked source (fairseq runs from a source tree), against the node's
-            # torch, numpy and cython; `-j` compiles its six extensions at once (pip builds them one by
-            # one: 5 minutes on 2 cores); CUDA_HOME unset so fairseq skips its CUDA extensions
+            # torch, numpy and cython; its extensions one after the other, each compiled by ninja with MAX_JOBS
+            # at once (`build_ext -j` built them side by side, and torch's ninja builds of several extensions in
+            # one build folder overwrote each other's files: on an H100 node the links found no .o); CUDA_HOME
+            # unset so fairseq skips its CUDA extensions
             "build_fairseq": ["bash", "-c", 'rm -rf "$1" && mkdir -p "$1" && tar xzf "$2" -C "$1" --strip-components 1 '
-                              '&& cd "$1" && env -u CUDA_HOME "$3" setup.py -q build_ext --inplace -j "$4"',
+                              '&& cd "$1" && env -u CUDA_HOME MAX_JOBS="$4" "$3" setup.py -q build_ext --inplace',
                               "build_fairseq", str(site / "fairseq-src"), str(fairseq), py, jobs],
             "build_extension": ["env", f"MAX_JOBS={jobs}", py, "setup.py", "-q", "build_ext", "--inplace"],
             "build_fast_transformers": [py, str(REPO / "scripts" / "gpu_build_peer.py"), str(peer), str(site)],
