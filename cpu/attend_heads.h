@@ -15,8 +15,9 @@
 namespace fw {
 
 struct Shape {
-  int64_t Tq, Tk, d, map, nu, norm;  // queries, keys, key width, the map (fw::Map), DPFP's nu, phi's norm (fw::Norm)
-  double eps;  // the sum rule: the z column's guard (Z_EPS); the delta rule: the normalisation's floor (PHI_EPS)
+  // queries, keys, key width, the map (fw::Map), DPFP's nu, phi's norm (fw::Norm)
+  int64_t Tq = 0, Tk = 0, d = 0, map = 0, nu = 0, norm = 0;
+  double eps = 0;  // the sum rule: the z column's guard (Z_EPS); the delta rule: the normalisation's floor (PHI_EPS)
   int64_t m = 0;  // FAVOR+'s random features
   const void* projection = nullptr;  // FAVOR+'s R [m, d], in q's dtype
   bool blas = false;  // products through BLAS (else the loops of products.h)
@@ -116,27 +117,58 @@ struct HeadBuffers {
   }
 };
 
-// work(buffers) with the Shape's map as the buffers' row type: the one place where a map's code picks its row form
-// (map_rows.h), so that each clone compiles each map's rows inline
+// work(row) with the Shape's map as a row form (map_rows.h): the one place where a map's code picks it, so that each
+// clone compiles each map's rows inline (a short read's HeadBuffers, a decoding step's two rows)
+template <typename T, typename Work>
+FW_INLINE void with_row(const Shape& s, Work work) {
+  switch (s.map) {
+    case kDpfp:
+      return work(DpfpRow<T>(s.d, s.nu));
+    case kElu:
+      return work(EluRow<T>(s.d));
+    case kHedgehog:
+      return work(HedgehogRow<T>(s.d));
+    default:
+      return work(FavorRow<T>(static_cast<const T*>(s.projection), s.d, s.m, s.blas));
+  }
+}
+
+// E, the width of phi of the Shape's map (its row form's)
+inline int64_t width(const Shape& s) {
+  int64_t E = 0;
+  with_row<double>(s, [&](auto row) { E = row.width(); });
+  return E;
+}
+
+// work(buffers) with the Shape's map as the buffers' row type
 template <typename T, typename Work>
 FW_INLINE void with_head(const Shape& s, Work work) {
-  switch (s.map) {
-    case kDpfp: {
-      HeadBuffers<T, DpfpRow<T>> head(s, DpfpRow<T>(s.d, s.nu));
-      return work(head);
-    }
-    case kElu: {
-      HeadBuffers<T, EluRow<T>> head(s, EluRow<T>(s.d));
-      return work(head);
-    }
-    case kHedgehog: {
-      HeadBuffers<T, HedgehogRow<T>> head(s, HedgehogRow<T>(s.d));
-      return work(head);
-    }
-    default: {
-      HeadBuffers<T, FavorRow<T>> head(s, FavorRow<T>(static_cast<const T*>(s.projection), s.d, s.m, s.blas));
-      return work(head);
-    }
+  with_row<T>(s, [&](auto row) __attribute__((always_inline)) {
+    HeadBuffers<T, decltype(row)> head(s, std::move(row));
+    work(head);
+  });
+}
+
+// Shape's map fields (map, nu, m, projection) and norm from checked arguments, for heads of width d in dtype `type`;
+// kept: FAVOR+'s projection as a contiguous tensor the Shape points into
+inline void set_map(Shape& s, int64_t map, int64_t nu, const c10::optional<torch::Tensor>& R, int64_t norm,
+                    int64_t d, torch::ScalarType type, torch::Tensor& kept, const char* fn) {
+  TORCH_CHECK(map == kDpfp || map == kElu || map == kHedgehog || map == kFavor, fn,
+              ": map must be 0 (dpfp), 1 (elu), 2 (hedgehog) or 3 (favor)");
+  TORCH_CHECK(map != kDpfp || (nu >= 1 && nu <= 2 * d - 1), fn, ": nu must be in 1..2d-1");
+  const bool favor = map == kFavor;
+  TORCH_CHECK(!favor || (R && R->defined() && R->dim() == 2 && R->size(0) >= 1 && R->size(1) == d &&
+                         R->device().is_cpu() && R->scalar_type() == type),
+              fn, ": favor needs its projection, [m, d] in q's dtype");
+  TORCH_CHECK(norm == kNone || norm == kSum || norm == kL2, fn, ": norm must be 0 (none), 1 (sum) or 2 (l2)");
+  s.d = d;
+  s.map = map;
+  s.nu = nu;
+  s.norm = norm;
+  if (favor) {
+    kept = R->contiguous();
+    s.m = kept.size(0);
+    s.projection = kept.data_ptr();
   }
 }
 
@@ -161,18 +193,11 @@ struct Call {
     TORCH_CHECK(q_.dim() == 4 && k_.dim() == 4 && q_.size(0) == k_.size(0) && q_.size(1) == k_.size(1) &&
                     q_.size(3) == k_.size(3) && q_.size(3) >= 1,
                 fn, ": q and k must be [B, H, Tq, d] and [B, H, T, d]");
-    TORCH_CHECK(map == kDpfp || map == kElu || map == kHedgehog || map == kFavor, fn,
-                ": map must be 0 (dpfp), 1 (elu), 2 (hedgehog) or 3 (favor)");
-    TORCH_CHECK(map != kDpfp || (nu >= 1 && nu <= 2 * q_.size(3) - 1), fn, ": nu must be in 1..2d-1");
-    const bool favor = map == kFavor;
-    TORCH_CHECK(!favor || (R && R->defined() && R->dim() == 2 && R->size(0) >= 1 && R->size(1) == q_.size(3) &&
-                           R->device().is_cpu() && R->scalar_type() == q_.scalar_type()),
-                fn, ": favor needs its projection, [m, d] in q's dtype");
-    TORCH_CHECK(norm == kNone || norm == kSum || norm == kL2, fn, ": norm must be 0 (none), 1 (sum) or 2 (l2)");
+    set_map(s, map, nu, R, norm, q_.size(3), q_.scalar_type(), projection, fn);
     TORCH_CHECK(!causal || q_.size(2) == k_.size(2), fn, ": causal needs as many queries as keys");
     TORCH_CHECK(q_.size(2) >= 1 && k_.size(2) >= 1, fn, ": q and k need at least one position");
     // BLAS takes int sizes: a head's [Tq + T, E] features must fit (E <= 2 d nu, 2m for FAVOR+, or 2 d)
-    const int64_t E = favor ? 2 * R->size(0) : 2 * q_.size(3) * std::max<int64_t>(nu, 1);
+    const int64_t E = map == kFavor ? 2 * s.m : 2 * q_.size(3) * std::max<int64_t>(nu, 1);
     TORCH_CHECK((q_.size(2) + k_.size(2)) * E < (int64_t(1) << 31), fn, ": too long for BLAS");
     q = last_contiguous(q_);
     k = last_contiguous(k_);
@@ -180,12 +205,9 @@ struct Call {
       TORCH_CHECK(mask->sizes() == torch::IntArrayRef({k.size(0), k.size(2)}), fn, ": key_padding_mask must be [B, T]");
       pad = mask->to(torch::kBool).contiguous();
     }
-    s = Shape{q.size(2), k.size(2), q.size(3), map, nu, norm, eps};
-    if (favor) {
-      projection = R->contiguous();
-      s.m = projection.size(0);
-      s.projection = projection.data_ptr();
-    }
+    s.Tq = q.size(2);
+    s.Tk = k.size(2);
+    s.eps = eps;
     B = q.size(0);
     H = q.size(1);
     s.blas = blas_ && blas_found();

@@ -31,6 +31,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("phi_k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"), py::arg("decay"),
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),
         py::arg("writes_out") = py::none(), py::arg("key") = py::none(), py::arg("norm") = 0, py::arg("eps") = 1e-6);
+  m.def("raw_lazy_step", &raw_lazy_step, "lazy_step from the raw rows q, k [B, H, 1, d] of a map (feature_attend_"
+        "forward's codes), phi normalised by norm, with the sum rule's z column (z_column): o [B, H, 1, D]",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"),
+        py::arg("decay"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("order"), py::arg("keys_out"),
+        py::arg("writes_out"), py::arg("norm"), py::arg("eps"), py::arg("z_column"), py::arg("z_eps"));
   m.def("state_step", &state_step, "a decoding step of the [B', H, E, M] state, rows `order` of it, into out; returns o",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("alpha"), py::arg("state"), py::arg("order"),
         py::arg("out"));

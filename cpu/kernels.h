@@ -78,6 +78,15 @@ std::tuple<torch::Tensor, torch::Tensor> lazy_step(const torch::Tensor& phi_q, c
                                                         const c10::optional<torch::Tensor>& key, int64_t norm,
                                                         double eps);
 
+// lazy_step.cpp: the same step from the raw rows q, k [B, H, 1, d] of a map (feature_attend_forward's codes), phi
+// normalised by norm, the sum rule's z column (z_column) added to v and divided out of the read -> o [B, H, 1, D]
+torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const c10::optional<torch::Tensor>& beta, const torch::Tensor& keys,
+                            const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
+                            int64_t nu, const c10::optional<torch::Tensor>& projection,
+                            const c10::optional<torch::Tensor>& order, const torch::Tensor& keys_out,
+                            const torch::Tensor& writes_out, int64_t norm, double eps, bool z_column, double z_eps);
+
 // state_step.cpp: a decoding step of the fast weight state, beam search's reorder folded in
 torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const c10::optional<torch::Tensor>& beta, const c10::optional<torch::Tensor>& alpha,

@@ -26,7 +26,7 @@ zero, so u_s = 0 and they write nothing.
 Shapes head-first: phi_q, phi_k [B, H, 1, E], keys [B, H, t-1, C], writes [B, H, t-1, M],
 decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 
-Generation (no autograd) allocates nothing per step (`_grown`, `reorder`): the cached tensors are
+Generation (no autograd) allocates nothing per step (cache_storage.py): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
 (the map's kernel writes it as it reads the cache: FeatureMap.cached_step) instead of copying the cache (a fresh [B H, t, C + M] tensor per step, which the CPU's allocator also
 faults in page by page); a beam reorder gathers into a spare storage kept beside each tensor and the
@@ -34,12 +34,13 @@ two swap. The state's reorder waits for the next step (ORDER), which gathers the
 them (`step_state`): one pass over the states instead of a copy and then the step. With autograd
 (teacher-forced tests of the gradients) the same functions concatenate.
 """
-import math
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from fw_fairseq.modules.cache_storage import append, grown, in_place, reorder, spare_name, target
+from fw_fairseq.modules.source_memory import regroup
 from fw_fairseq.ops import phi_scale
 from fw_fairseq.ops.step import step_in_place
 
@@ -61,80 +62,9 @@ CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_
 ORDER = "state_order"
 
 
-def in_place() -> bool:
-    """Whether the decoding state is written in place: in generation, where nothing is differentiated
-    (fairseq-generate runs under no_grad); with autograd every step makes new tensors."""
-    return not torch.is_grad_enabled()
-
-
-def spare_name(name: str) -> str:
-    return f"{name}_spare"
-
-
 def capacity(d_phi: int, width: int, key_width: Optional[int] = None) -> int:
     """The most positions a cache holds before it is folded: the largest length that `fits`."""
     return d_phi * width // ((key_width or d_phi) + width)
-
-
-def _room(cache: Tensor) -> int:
-    """How many positions the storage under cache [B, H, t, ...] holds from its start on dim 2:
-    cap when it is the [:, :, :t] view of a [B' >= B, H, cap, ...] storage, else t."""
-    row = math.prod(cache.shape[3:])
-    B, H = cache.shape[:2]
-    cap = cache.stride(1) // max(row, 1)
-    laid_out = (cache.storage_offset() == 0 and cache.stride(0) == H * cache.stride(1)
-                and cache.stride(1) == cap * row and cache.stride(2) == row
-                and cache.untyped_storage().nbytes() >= B * cache.stride(0) * cache.element_size())
-    return cap if laid_out and cap >= cache.size(2) else cache.size(2)
-
-
-def _grown(cache: Tensor, positions: int) -> Tensor:
-    """Generation: cache [B, H, t, ...] -> the view of its first t + 1 positions (position t not written), in
-    its own storage when that has room, else in a new one of max(positions, 2 (t + 1)) positions."""
-    t = cache.size(2)
-    if _room(cache) <= t:
-        storage = cache.new_empty((*cache.shape[:2], max(positions, 2 * (t + 1)), *cache.shape[3:]))
-        storage[:, :, :t] = cache
-        cache = storage[:, :, :t]
-    return cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
-
-
-def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
-    """cache [B, H, t, ...] (None: t = 0) with row [B, H, 1, ...] after it -> [B, H, t + 1, ...].
-
-    Without autograd the row is written in place when the cache's storage has room, else into a new
-    storage of max(positions, 2 (t + 1)) positions (`_grown`); with autograd it is a concatenation."""
-    if not in_place():
-        return row if cache is None else torch.cat([cache, row], dim=2)
-    if cache is None:
-        cache = row.new_empty((*row.shape[:2], max(positions, 2), *row.shape[3:]))[:, :, :0]
-    grown = _grown(cache, positions)
-    grown[:, :, -1:] = row
-    return grown
-
-
-def _target(cache: Tensor, rows: int, spare: Optional[Tensor], positions: bool) -> Tensor:
-    """Where `rows` rows gathered from cache [B, H, t, ...] go: into `spare` (the storage the previous
-    reorder left free) when it has room for them (and, with `positions`, for the t positions of a lazy
-    cache's dim 2; the state has none), else into a new storage with the cache's room."""
-    t = cache.size(2)
-    if spare is not None and spare.size(0) >= rows and spare.shape[1] == cache.shape[1] and (
-            spare.shape[3:] == cache.shape[3:] and (_room(spare) >= t if positions else spare.size(2) == t)):
-        return spare.as_strided((rows, *cache.shape[1:]), spare.stride())
-    room = _room(cache) if positions else t  # the first reorder, or more rows than the spare has
-    return cache.new_empty((rows, cache.size(1), room, *cache.shape[3:])).narrow(2, 0, t)
-
-
-def reorder(cache: Tensor, order: Tensor, spare: Optional[Tensor], positions: bool = True
-            ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Beam search's rows `order` [B'] of cache [B, H, ...] -> (the reordered cache, the next spare).
-
-    Without autograd the rows are gathered into a spare storage (`_target`); the old cache's storage
-    is then the spare. With autograd: index_select, and no spare."""
-    if not in_place():
-        return cache.index_select(0, order), None
-    out = _target(cache, order.numel(), spare, positions)
-    return torch.index_select(cache, 0, order, out=out), cache
 
 
 def step_state(q: Tensor, k: Tensor, v: Tensor, beta: Optional[Tensor], alpha: Optional[Tensor], state: Tensor,
@@ -143,7 +73,7 @@ def step_state(q: Tensor, k: Tensor, v: Tensor, beta: Optional[Tensor], alpha: O
     reorder; None: in place): -> (o [B, H, 1, M], the new state [B, H, E, M], the next spare)."""
     if order is None:
         return step_in_place(q, k, v, beta, alpha, state), state, spare
-    out = _target(state, order.numel(), spare, positions=False)
+    out = target(state, order.numel(), spare, positions=False)
     return step_in_place(q, k, v, beta, alpha, state, order, out), out, state
 
 
@@ -163,9 +93,7 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
     else first; decay is already in the hypotheses' order.
     Returns (o [B, H, 1, M], keys [B, H, t, C], writes [B, H, t, M], decay [B, H, t] for the gated rule
     else None)."""
-    if decay is not None and alpha is not None:
-        # [B, H, t-1] * [B, H, 1]: c_s = gamma_t / gamma_s (in place without autograd: append's room)
-        decay = decay.mul_(alpha) if in_place() else decay * alpha
+    decay = _decayed(decay, alpha)
     key = phi_k if key is None else key
     positions = capacity(phi_k.size(-1), v.size(-1), key.size(-1))  # folded before it outgrows this
     if writes is None or not in_place():  # the first position, or autograd: concatenations
@@ -173,7 +101,7 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
         keys, writes = append(keys, key, positions), append(writes, _scaled(u, phi, key, phi_k, norm), positions)
     else:  # generation: the step's rows go into views of t positions, in place or in the spares
         order, keys_out, writes_out = gather or (None, keys, writes)
-        outs = _grown(keys_out, positions), _grown(writes_out, positions)  # [B, H, t, .], position t unwritten
+        outs = grown(keys_out, positions), grown(writes_out, positions)  # [B, H, t, .], position t unwritten
         # the map's fused step reads the cache and appends this position's row in one call
         fused = None if phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs,
                                                           key, norm)
@@ -188,11 +116,24 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
         else:
             o = fused[0]
         keys, writes = outs
-    if alpha is not None:
-        # [B, H, t]: the new position is not decayed yet; [B, H, 1, 1] rows for append's dim 2
-        decay = append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
-                       positions)[..., 0]
-    return o, keys, writes, decay
+    return o, keys, writes, _with_new_position(decay, alpha, positions)
+
+
+def _decayed(decay: Optional[Tensor], alpha: Optional[Tensor]) -> Optional[Tensor]:
+    """The gated rule's decays of the cached positions [B, H, t-1] times this step's alpha [B, H, 1]:
+    c_s = gamma_t / gamma_s (in place without autograd: append's room)."""
+    if decay is None or alpha is None:
+        return decay
+    return decay.mul_(alpha) if in_place() else decay * alpha
+
+
+def _with_new_position(decay: Optional[Tensor], alpha: Optional[Tensor], positions: int) -> Optional[Tensor]:
+    """The decays [B, H, t] with this position's 1 (not decayed yet) after them; None without alpha."""
+    if alpha is None:
+        return None
+    # [B, H, 1, 1] rows for append's dim 2
+    return append(None if decay is None else decay[..., None], alpha.new_ones(alpha.shape)[..., None],
+                  positions)[..., 0]
 
 
 def _scaled(u: Tensor, phi, key: Tensor, phi_k: Tensor, norm: Optional[str]) -> Tensor:
@@ -232,6 +173,50 @@ def fold(keys: Tensor, writes: Tensor, decay: Optional[Tensor], phi=None) -> Ten
     return phi_k.transpose(-1, -2) @ writes
 
 
+def _gather(buffer: dict, order: Optional[Tensor]) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+    """lazy_step's gather for beam search's reorder `order` left to this step (None: none): (order, the keys'
+    and writes' targets); the decay (t values a head, scaled before the step reads them) is reordered here."""
+    if order is None:
+        return None
+    if buffer.get("decay") is not None:
+        buffer["decay"], buffer[spare_name("decay")] = reorder(buffer["decay"], order, buffer.get(spare_name("decay")))
+    return (order, *(target(buffer[name], order.numel(), buffer.get(spare_name(name)), True)
+                     for name in ("keys", "writes")))
+
+
+def _keep(buffer: dict, gather, keys: Tensor, writes: Tensor, decay: Optional[Tensor]):
+    """The buffer after a lazy step: its new keys, writes and decay; after a gather, the storages read are the
+    next reorder's spares."""
+    if gather is not None:
+        buffer[spare_name("keys")], buffer[spare_name("writes")] = buffer["keys"], buffer["writes"]
+    buffer["keys"], buffer["writes"] = keys, writes
+    if decay is not None:
+        buffer["decay"] = decay
+
+
+def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor, v: Tensor,
+                    scalars: Tuple[Tensor, ...], z_column: bool) -> Optional[Tensor]:
+    """Generation's lazy step from the raw heads q, k [B, H, 1, d] (FeatureMap.raw_step: phi, its normalisation
+    `norm` and, with `z_column` (the sum rule), v's ones column and the read's division by it, in the kernel):
+    causal_step's o [B, H, 1, D] with the z column divided out, the buffer updated as causal_step updates it.
+    None where it does not apply (autograd, the first position, the state, the step that folds the cache, no
+    kernel): causal_step runs, the same function."""
+    past = buffer.get("keys")  # [B, H, t-1, C]
+    width = v.size(-1) + z_column  # the writes' M
+    if (not in_place() or q.size(2) != 1 or past is None or "state" in buffer
+            or not fits(past.size(2) + 1, phi.out_dim, width, phi.cache_width) or not phi.has_raw_step(q, past)):
+        return None
+    beta, alpha = (*scalars, None, None)[:2]
+    gather = _gather(buffer, buffer.pop(ORDER, None))
+    order, keys_out, writes_out = gather or (None, past, buffer["writes"])
+    decay = _decayed(buffer.get("decay"), alpha)
+    positions = capacity(phi.out_dim, width, phi.cache_width)
+    outs = grown(keys_out, positions), grown(writes_out, positions)  # [B, H, t, .], position t unwritten
+    o = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, outs, norm, z_column)
+    _keep(buffer, gather, *outs, _with_new_position(decay, alpha, positions))
+    return o
+
+
 def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Tensor,
                 scalars: Tuple[Tensor, ...]) -> Tensor:
     """The decoder self-attention of one layer in incremental decoding, over its buffer (updated): the lazy
@@ -245,21 +230,10 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     order = buffer.pop(ORDER, None)  # a reorder left for this step (generation)
     if phi_q.size(2) == 1 and fits(length, phi_q.size(-1), v.size(-1), phi.cache_width) and "state" not in buffer:
         key = phi.cache_row(keys, phi_k)  # [B, H, 1, C]
-        gather = None
-        if order is not None:
-            if buffer.get("decay") is not None:  # t values a head, scaled before the step reads them
-                buffer["decay"], buffer[spare_name("decay")] = reorder(buffer["decay"], order,
-                                                                       buffer.get(spare_name("decay")))
-            gather = (order, *(_target(buffer[name], order.numel(), buffer.get(spare_name(name)), True)
-                               for name in ("keys", "writes")))
-        before = past, buffer.get("writes")
-        o, buffer["keys"], buffer["writes"], decay = lazy_step(
-            phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi, key=key, norm=norm,
-            gather=gather)
-        if gather is not None:  # the storages read are the next reorder's spares
-            buffer[spare_name("keys")], buffer[spare_name("writes")] = before
-        if decay is not None:
-            buffer["decay"] = decay
+        gather = _gather(buffer, order)
+        o, *cache = lazy_step(phi_q, phi_k, v, past, buffer.get("writes"), buffer.get("decay"), *scalars, phi=phi,
+                              key=key, norm=norm, gather=gather)
+        _keep(buffer, gather, *cache)
         return o
     # the cache (if any) and its spares leave the buffer, folded once into the state
     cache = []
@@ -281,3 +255,33 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     state = state if order is None else state.index_select(0, order)
     o, buffer["state"] = rule.causal(phi_q, phi_k, v, *scalars, initial_state=state, output_final_state=True)
     return o
+
+
+def reorder_buffer(buffer: dict, new_order: Tensor) -> bool:
+    """Beam search's reorder (and pruning) of a FastWeightAttention's buffer: its rows `new_order` [B'] of every
+    cached tensor (batch is dim 0 of each); whether anything changed. The decoder state's is left to the next step
+    in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
+    of hypotheses that read the same row (a sentence's beams), copied only when such groups leave or split."""
+    # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
+    # finished): the identity must not copy every cache and state
+    spares = {spare_name(name) for name in ENTRIES}
+    hypotheses = buffer[ORDER].numel() if ORDER in buffer else next(
+        x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
+    if new_order.numel() == hypotheses and torch.equal(new_order, torch.arange(hypotheses, device=new_order.device)):
+        return False
+    memory, rows = buffer.get("memory"), buffer.get("memory_rows")
+    for name, tensor in list(buffer.items()):
+        if tensor is None or name == "memory" or name in spares:
+            continue
+        if name in ENTRIES and in_place():  # left to the next step (an ORDER already there composes below)
+            buffer.setdefault(ORDER, new_order)
+        elif name in ENTRIES:  # the decoder state: gathered into its spare storage (cache_storage.py)
+            buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),
+                                                             positions=ENTRIES[name])
+        else:
+            buffer[name] = tensor.index_select(0, new_order)
+    # beam search mostly reorders hypotheses within their sentences: each still reads the same row
+    if memory is not None and rows is not None and not torch.equal(buffer["memory_rows"], rows):
+        beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
+        buffer["memory"], buffer["memory_rows"] = regroup(memory, buffer["memory_rows"], beam)
+    return True

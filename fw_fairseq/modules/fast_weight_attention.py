@@ -28,9 +28,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
 from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
-from fw_fairseq.modules.decoder_state import ENTRIES, ORDER, causal_step, in_place, reorder, spare_name
-from fw_fairseq.modules.source_memory import (hypothesis_rows, read_per_sentence, read_source,
-                                              regroup, source_beam, write_source)
+from fw_fairseq.modules.decoder_state import causal_step, raw_causal_step, reorder_buffer
+from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, read_source, source_beam, write_source
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
@@ -162,13 +161,27 @@ class FastWeightAttention(nn.Module):
         v = append_z_column(writes.v, key_padding_mask) if self.rule.z_column else writes.v  # [B, H, S, D (+ 1)]
         return writes._replace(phi_k=self._features(writes.keys, is_query=False), v=v)
 
-    def _short_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
-        """The rule's read of a short sequence [B, H, T, D] (the z column divided out) where the feature map has it
-        from the raw heads in one op (FeatureMap.short_read: the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else
-        None."""
-        norm = self.delta_norm if self.rule.normalised_phi else None
-        return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars, key_padding_mask,
-                                   self.path == CAUSAL, norm)
+    @property
+    def _phi_norm(self) -> Optional[str]:
+        """The normalisation of phi of keys and queries (--fw-delta-norm) where the rule has one, else None."""
+        return self.delta_norm if self.rule.normalised_phi else None
+
+    def _raw_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor], buffer,
+                  incremental_state) -> Optional[Tensor]:
+        """The read [B, H, T, D] (the z column divided out) from the raw heads in one op where the feature map has it
+        (the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else None: a short sequence's in training and
+        validation (FeatureMap.short_read), generation's decoder self-attention step over the lazy cache
+        (decoder_state.raw_causal_step)."""
+        if buffer is None:
+            return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars,
+                                       key_padding_mask, self.path == CAUSAL, self._phi_norm)
+        if self.path != CAUSAL or key_padding_mask is not None:  # a padded step's z entry is 0: append_z_column's
+            return None
+        o = raw_causal_step(buffer, self.phi, self._phi_norm, q_heads, writes.keys, writes.v, writes.scalars,
+                            self.rule.z_column)
+        if o is not None:
+            self._set_input_buffer(incremental_state, buffer)
+        return o
 
     def _merge(self, o: Tensor) -> Tensor:
         """[B, H, T, D] read-out -> [T, B, C]."""
@@ -216,8 +229,7 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, dtype)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
-            # training and validation keep nothing (no buffer): a short sequence may be read from the raw heads
-            o = self._short_read(q_heads, writes, key_padding_mask) if buffer is None and writes is not None else None
+            o = None if writes is None else self._raw_read(q_heads, writes, key_padding_mask, buffer, incremental_state)
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
                 writes = self._with_features(writes, key_padding_mask) if writes is not None else None
@@ -243,8 +255,8 @@ class FastWeightAttention(nn.Module):
         is live."""
         if buffer is None:
             return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        norm = self.delta_norm if self.rule.normalised_phi else None
-        o = causal_step(buffer, self.rule, self.phi, norm, phi_q, writes.phi_k, writes.v, writes.keys, writes.scalars)
+        o = causal_step(buffer, self.rule, self.phi, self._phi_norm, phi_q, writes.phi_k, writes.v, writes.keys,
+                        writes.scalars)
         self._set_input_buffer(incremental_state, buffer)
         return o
 
@@ -269,39 +281,11 @@ class FastWeightAttention(nn.Module):
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):
-        """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor.
-
-        The cached source (memory or keys and writes, rows on dim 0 in both) keeps one row per
-        group of hypotheses that read the same row (a sentence's beams); it is copied only when
-        such groups leave or split.
-        """
+        """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor
+        (decoder_state.reorder_buffer)."""
         buffer = self._get_input_buffer(incremental_state)
-        if not buffer:
-            return
-        # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
-        # finished): the identity must not copy every cache and state
-        spares = {spare_name(name) for name in ENTRIES}
-        hypotheses = buffer[ORDER].numel() if ORDER in buffer else next(
-            x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
-        if new_order.numel() == hypotheses and torch.equal(
-                new_order, torch.arange(hypotheses, device=new_order.device)):
-            return
-        memory, rows = buffer.get("memory"), buffer.get("memory_rows")
-        for name, tensor in list(buffer.items()):
-            if tensor is None or name == "memory" or name in spares:
-                continue
-            if name in ENTRIES and in_place():  # left to the next step (an ORDER already there composes below)
-                buffer.setdefault(ORDER, new_order)
-            elif name in ENTRIES:  # the decoder state: gathered into its spare storage (decoder_state.py)
-                buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),
-                                                                 positions=ENTRIES[name])
-            else:
-                buffer[name] = tensor.index_select(0, new_order)
-        # beam search mostly reorders hypotheses within their sentences: each still reads the same row
-        if memory is not None and rows is not None and not torch.equal(buffer["memory_rows"], rows):
-            beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
-            buffer["memory"], buffer["memory_rows"] = regroup(memory, buffer["memory_rows"], beam)
-        self._set_input_buffer(incremental_state, buffer)
+        if buffer and reorder_buffer(buffer, new_order):
+            self._set_input_buffer(incremental_state, buffer)
 
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
         result = self.get_incremental_state(incremental_state, "fw_state")

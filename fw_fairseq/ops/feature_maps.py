@@ -17,7 +17,7 @@ from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal
 from .feature_attend import short_read
 from .guards import hand_written_backward, records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
-from .step import fused_lazy_step
+from .step import fused_lazy_step, raw_lazy_step, raw_step_kernel
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -168,6 +168,17 @@ class FeatureMap(nn.Module, abc.ABC):
         the row `key` and the write u scaled by the key's `norm` (step.fused_lazy_step). By default the cache
         keeps the features themselves: key is phi_k, and the write goes in unscaled."""
         return fused_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key)
+
+    def has_raw_step(self, q, cached):
+        """Whether raw_step takes raw rows q [B, H, 1, d_key] and the cache `cached`: a row form in the CPU kernel."""
+        return raw_step_kernel(self.kernel_map, q, cached)
+
+    def raw_step(self, q, k, v, beta, cached, writes, decay, order, outs, norm, z_column):
+        """cached_step from the raw rows q, k [B, H, 1, d_key] in one kernel call that forms phi itself (normalised
+        by `norm`) and, with `z_column` (the sum rule), adds the ones column to v [B, H, 1, D] and divides the read
+        by it: o [B, H, 1, D]. Where has_raw_step."""
+        return raw_lazy_step(self.kernel_map, self.kernel_nu, self.kernel_projection, q, k, v, beta, cached, writes,
+                             decay, order, outs, norm, z_column)
 
 
 class EluPlusOne(FeatureMap):

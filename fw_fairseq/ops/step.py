@@ -7,9 +7,10 @@ Computed and returned in guards.state_dtype (float32 for fp16/bf16 inputs).
 """
 import torch
 
-from .cpu_extension import KERNEL_NORMS, cpu_kernel
+from .cpu_extension import KERNEL_MAPS, KERNEL_NORMS, cpu_kernel
 from .guards import state_dtype
 from .normalize_function import PHI_EPS
+from .z_column import Z_EPS
 
 
 def _add_outer(S0, k, u):
@@ -93,3 +94,20 @@ def fused_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs, key
     if not kernel:
         return None
     return kernel.lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order, *outs, key, KERNEL_NORMS[norm], eps)
+
+
+def raw_lazy_step(map_name, nu, projection, q, k, v, beta, keys, writes, decay, order, outs, norm, z_column):
+    """fused_lazy_step from the raw rows q, k [B, H, 1, d] (cpu/lazy_step.cpp's raw_lazy_step): the kernel forms phi
+    of map `map_name` (a KERNEL_MAPS name; nu: DPFP's; projection: FAVOR+'s R [m, d], else None) normalised by
+    `norm` (None: not), gives v [B, H, 1, D] the sum rule's z column where `z_column` and divides the read by it:
+    o [B, H, 1, D], the module's read. keys [B', H, t-1, C]: DPFP's raw keys (C = d), else phi(k) (C = E); writes
+    [B', H, t-1, D (+ 1)]; outs as fused_lazy_step's, of t positions. Where raw_step_kernel."""
+    projection = None if projection is None else projection.to(q.dtype)  # a float32 buffer: q's dtype
+    return cpu_kernel(q).raw_lazy_step(q, k, v, beta, keys, writes, decay, KERNEL_MAPS[map_name], nu, projection,
+                                       order, *outs, KERNEL_NORMS[norm], PHI_EPS, z_column, Z_EPS)
+
+
+def raw_step_kernel(map_name, q, keys):
+    """Whether raw_lazy_step takes these tensors: a map with a row form (map_name not None), the kernel built and
+    taking q, and the cache in q's dtype."""
+    return map_name is not None and cpu_kernel(q) is not None and keys.dtype == q.dtype
