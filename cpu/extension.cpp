@@ -36,6 +36,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"),
         py::arg("decay"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("order"), py::arg("keys_out"),
         py::arg("writes_out"), py::arg("norm"), py::arg("eps"), py::arg("z_column"), py::arg("z_eps"));
+  m.def("raw_source_read", &raw_source_read, "a cross-attention read of a cached source (the keys' phi and writes "
+        "[R, H, S, E + M], or the memory [R, H, E, M]) from the raw query rows q [B, H, 1, d]: o [B, H, 1, D]",
+        py::arg("q"), py::arg("source"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("norm"),
+        py::arg("eps"), py::arg("z_column"), py::arg("z_eps"));
   m.def("state_step", &state_step, "a decoding step of the [B', H, E, M] state, rows `order` of it, into out; returns o",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("alpha"), py::arg("state"), py::arg("order"),
         py::arg("out"));

@@ -87,6 +87,13 @@ torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, cons
                             const c10::optional<torch::Tensor>& order, const torch::Tensor& keys_out,
                             const torch::Tensor& writes_out, int64_t norm, double eps, bool z_column, double z_eps);
 
+// source_read.cpp: generation's cross-attention read of a cached source ([R, H, S, E + M] keys' phi and writes, or the
+// [R, H, E, M] memory; hypothesis b reads row b / (B / R)) from the raw query rows q [B, H, 1, d] of a map, phi(q)
+// normalised by norm, divided by the z column (z_column) -> o [B, H, 1, D]
+torch::Tensor raw_source_read(const torch::Tensor& q, const torch::Tensor& source, int64_t map, int64_t nu,
+                              const c10::optional<torch::Tensor>& projection, int64_t norm, double eps,
+                              bool z_column, double z_eps);
+
 // state_step.cpp: a decoding step of the fast weight state, beam search's reorder folded in
 torch::Tensor state_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const c10::optional<torch::Tensor>& beta, const c10::optional<torch::Tensor>& alpha,

@@ -142,9 +142,9 @@ class FastWeightAttention(nn.Module):
         keys = self._heads(projected.k, dtype)  # [B, H, S, D]
         v = self._heads(projected.v, dtype)  # [B, H, S, D]
         scales = {"beta": self.beta_max, "alpha": 1.0}
-        # [S, B, H] -> [B, H, S]
-        scalars = [scales[name] * torch.sigmoid(logits.to(dtype)).permute(1, 2, 0)
-                   for name, logits in zip(self.rule.scalars, projected.scalar_logits)]
+        # [S, B, H] -> [B, H, S]; a scale of 1 (the usual beta_max, alpha) skips an op a decoding step pays for
+        scalars = [torch.sigmoid(logits.to(dtype)).permute(1, 2, 0) for logits in projected.scalar_logits]
+        scalars = [x if scales[name] == 1 else scales[name] * x for name, x in zip(self.rule.scalars, scalars)]
         if key_padding_mask is not None:
             # A padded position writes nothing when its value row (and z entry, _with_features) is zero and
             # its scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
@@ -166,16 +166,21 @@ class FastWeightAttention(nn.Module):
         """The normalisation of phi of keys and queries (--fw-delta-norm) where the rule has one, else None."""
         return self.delta_norm if self.rule.normalised_phi else None
 
-    def _raw_read(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor], buffer,
+    def _raw_read(self, q_heads: Tensor, writes: Optional[Writes], key_padding_mask: Optional[Tensor], buffer,
                   incremental_state) -> Optional[Tensor]:
         """The read [B, H, T, D] (the z column divided out) from the raw heads in one op where the feature map has it
         (the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else None: a short sequence's in training and
-        validation (FeatureMap.short_read), generation's decoder self-attention step over the lazy cache
-        (decoder_state.raw_causal_step)."""
+        validation (FeatureMap.short_read); in generation, the decoder self-attention's step over the lazy cache
+        (decoder_state.raw_causal_step) and the cross-attention's read of the cached source."""
         if buffer is None:
             return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars,
                                        key_padding_mask, self.path == CAUSAL, self._phi_norm)
-        if self.path != CAUSAL or key_padding_mask is not None:  # a padded step's z entry is 0: append_z_column's
+        memory = buffer.get("memory") if self.path == CROSS else None
+        if memory is not None:
+            if q_heads.size(2) != 1 or not self.phi.has_raw_step(q_heads, memory):
+                return None
+            return self.phi.raw_source_read(q_heads, memory, self._phi_norm, self.rule.z_column)
+        if writes is None or self.path != CAUSAL or key_padding_mask is not None:  # a padded step's z entry is 0
             return None
         o = raw_causal_step(buffer, self.phi, self._phi_norm, q_heads, writes.keys, writes.v, writes.scalars,
                             self.rule.z_column)
@@ -229,7 +234,7 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, dtype)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
-            o = None if writes is None else self._raw_read(q_heads, writes, key_padding_mask, buffer, incremental_state)
+            o = self._raw_read(q_heads, writes, key_padding_mask, buffer, incremental_state)
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
                 writes = self._with_features(writes, key_padding_mask) if writes is not None else None

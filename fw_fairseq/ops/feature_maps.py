@@ -17,7 +17,7 @@ from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal
 from .feature_attend import short_read
 from .guards import hand_written_backward, records
 from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
-from .step import fused_lazy_step, raw_lazy_step, raw_step_kernel
+from .step import fused_lazy_step, raw_lazy_step, raw_source_read, raw_step_kernel
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -170,8 +170,15 @@ class FeatureMap(nn.Module, abc.ABC):
         return fused_lazy_step(phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key)
 
     def has_raw_step(self, q, cached):
-        """Whether raw_step takes raw rows q [B, H, 1, d_key] and the cache `cached`: a row form in the CPU kernel."""
+        """Whether raw_step and raw_source_read take raw rows q [B, H, 1, d_key] and the cache `cached`: a row form
+        in the CPU kernel."""
         return raw_step_kernel(self.kernel_map, q, cached)
+
+    def raw_source_read(self, q, source, norm, z_column):
+        """Generation's cross-attention read of a cached source (source_memory.py: [R, H, S, E + M] or [R, H, E, M])
+        from the raw query rows q [B, H, 1, d_key], phi(q) normalised by `norm`, divided by the z column where
+        `z_column`: o [B, H, 1, D], in one kernel call. Where has_raw_step."""
+        return raw_source_read(self.kernel_map, self.kernel_nu, self.kernel_projection, q, source, norm, z_column)
 
     def raw_step(self, q, k, v, beta, cached, writes, decay, order, outs, norm, z_column):
         """cached_step from the raw rows q, k [B, H, 1, d_key] in one kernel call that forms phi itself (normalised

@@ -111,3 +111,13 @@ def raw_step_kernel(map_name, q, keys):
     """Whether raw_lazy_step takes these tensors: a map with a row form (map_name not None), the kernel built and
     taking q, and the cache in q's dtype."""
     return map_name is not None and cpu_kernel(q) is not None and keys.dtype == q.dtype
+
+
+def raw_source_read(map_name, nu, projection, q, source, norm, z_column):
+    """Generation's cross-attention read of a cached source (source_memory.read_source, the keys' phi and writes
+    [R, H, S, E + M] or the memory [R, H, E, M]; hypothesis b reads row b / (B / R)) from the raw query rows q
+    [B, H, 1, d] on the CPU kernel (cpu/source_read.cpp), phi(q) of map `map_name` normalised by `norm` (None: not),
+    divided by the z column where `z_column`: o [B, H, 1, D]. Where raw_step_kernel."""
+    projection = None if projection is None else projection.to(q.dtype)
+    return cpu_kernel(q).raw_source_read(q, source, KERNEL_MAPS[map_name], nu, projection, KERNEL_NORMS[norm],
+                                         PHI_EPS, z_column, Z_EPS)

@@ -2,7 +2,9 @@
 sources keep their keys' features and effective writes [rows, H, S, E + M], longer ones the memory
 [rows, H, E, M]. Token-by-token decoding with either form equals teacher-forced cross-attention
 (float64) for every feature map x rule, with left-padded sources, one cached row per sentence
-shared by its beams, and beam reorders that keep, drop and split sentence groups."""
+shared by its beams, and beam reorders that keep, drop and split sentence groups. A step after the first reads the
+source from the raw queries in one kernel call where the CPU extension is built (FeatureMap.raw_source_read), the
+same function as forming phi(q) first."""
 import itertools
 
 import pytest
@@ -12,6 +14,8 @@ from factories import randomize_scalar_projections
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
 from fw_fairseq.modules import source_memory
 from fw_fairseq.ops import FEATURE_MAPS, RULES
+from fw_fairseq.ops.cpu_extension import cpu_kernel
+from fw_fairseq.ops.feature_maps import FeatureMap
 
 C, H = 32, 2  # d_key 16
 SENTENCES, BEAM = 3, 2
@@ -91,6 +95,25 @@ def test_cached_source_equals_teacher_forcing(feature_map, rule, cached, monkeyp
         assert memory_shape == (SENTENCES, H, E, M)
         for (got, _), (want, _) in zip(pairs, memory_pairs):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.skipif(cpu_kernel(torch.zeros(1)) is None, reason="the CPU extension is not built")
+@pytest.mark.parametrize("feature_map,rule", list(itertools.product(FEATURE_MAPS, RULES)))
+@pytest.mark.parametrize("cached", [True, False])
+def test_steps_read_the_source_from_the_raw_queries(feature_map, rule, cached, monkeypatch):
+    """Every step but the first (which writes the source) reads through raw_source_read, equal to the read of
+    phi(q) (float64) in both forms of the source."""
+    attn = cross_attention(feature_map, rule)
+    length = longest_cached(attn) + (0 if cached else 1)
+    calls, original = [], FeatureMap.raw_source_read
+    monkeypatch.setattr(FeatureMap, "raw_source_read", lambda self, *args: calls.append(1) or original(self, *args))
+    raw, _ = decode(attn, *sources(length))
+    assert len(calls) == len(raw) - 1
+    monkeypatch.setattr(FeatureMap, "has_raw_step", lambda self, q, cached: False)
+    features, _ = decode(attn, *sources(length))
+    assert len(calls) == len(raw) - 1
+    for t, ((got, _), (want, _)) in enumerate(zip(raw, features)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -98,3 +98,15 @@ def test_raw_lazy_step_refuses_bad_arguments_in_one_line(call, message):
 def _outs(keys, writes):
     """Views of one more position than keys and writes [B, H, t, .] have, as generation grows them."""
     return tuple(torch.empty(*x.shape[:2], x.size(2) + 1, x.size(3), dtype=x.dtype) for x in (keys, writes))
+
+
+@pytest.mark.parametrize("source,map,message", [
+    (torch.randn(2, 2, 3, 20, dtype=torch.float64), 5, "map must be 0"),
+    (torch.randn(3, 2, 3, 20, dtype=torch.float64), 1, "R dividing B"),
+    (torch.randn(2, 2, 3, 4, dtype=torch.float64), 1, "source must be \\[R, H, S, E \\+ M\\] \\(S < E\\)"),
+    (torch.randn(2, 2, 3, 20).float(), 1, "of q's dtype"),
+])
+def test_raw_source_read_refuses_bad_arguments_in_one_line(source, map, message):
+    q = torch.randn(4, 2, 1, 4, dtype=torch.float64)  # ELU+1: E = 4; the cache form [R, H, S, E + M]
+    with pytest.raises(RuntimeError, match=message):
+        cpu_kernel(q).raw_source_read(q, source, map, 0, None, 0, 1e-6, False, 1e-6)

@@ -1,0 +1,106 @@
+// Generation's decoder self-attention step from the raw rows (decoder_state.raw_causal_step): raw_lazy_step takes q, k
+// [B, H, 1, d] instead of phi; per head the map's row form (map_rows.h) forms phi(q) and phi(k), normalised by the
+// rule's norm, the sum rule's values get their z column (u = [v; 1]) and its read is divided by it, then the step of
+// lazy_head.h; DPFP's cache keeps the raw key, the other maps' their phi(k). In Python those are six small ops and
+// their tensors a layer-step (phi of q and k, the z column's append and division).
+#include "attend_heads.h"
+#include "lazy_head.h"
+
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+namespace {
+
+using fw::HeadCaches;
+using fw::lazy_head;
+using fw::Step;
+using fw::StepArgs;
+
+// raw_lazy_step's rows: q, k [B, H, 1, d] and v [B, H, 1, D] in any layout whose last dim is contiguous (the
+// module's heads are views of [1, B, C]: no copies)
+template <typename T>
+struct RawRows {
+  fw::Heads<const T> q, k, v;
+};
+
+// raw_lazy_step's heads [begin, end): Step's O is [B H, D] (D = M - 1 with the z column); map: the row form of s's map
+template <typename T, typename Row>
+inline __attribute__((always_inline)) void raw_rows(const Step<T>& a, const RawRows<T>& r, const fw::Shape& s,
+                                                    Row& map, bool z, T z_eps, int64_t begin, int64_t end) {
+  const int64_t d = s.d, E = map.width(), D = z ? a.M - 1 : a.M;
+  std::vector<T> x(2 * d), phi(2 * E), v(a.M), o(a.M), u(a.M);
+  std::vector<T> S(2 * a.t), r_ext(a.nu ? fw::scores_scratch(d, a.nu) : 0), past(2 * a.M);
+  for (int64_t n = begin; n < end; ++n) {
+    const HeadCaches<T> c(a, n);
+    std::copy(r.q.row(n, 0), r.q.row(n, 0) + d, x.data());  // [q; k]: row 0 the query's (FAVOR+'s shift)
+    std::copy(r.k.row(n, 0), r.k.row(n, 0) + d, x.data() + d);
+    map.begin(x.data(), 2, 1);
+    fw::forward_rows(map, x.data(), phi.data(), s.norm, s.eps, 0, 2);  // [phi(q); phi(k)] [2, E]
+    std::copy(r.v.row(n, 0), r.v.row(n, 0) + D, v.data());
+    if (z) v[D] = T(1);
+    // DPFP's cache (nu > 0) keeps the raw key and scales its write by phi's norm; a cache of features keeps phi(k)
+    lazy_head(phi.data(), phi.data() + E, v.data(), a.beta ? a.beta + n : nullptr, c.K, a.kc.s, c.W, a.wc.s, c.C,
+              a.cc.s, c.Kout, a.koc.s, c.Wout, a.woc.s, a.nu ? x.data() + d : phi.data() + E,
+              a.nu ? s.norm : fw::kNone, a.eps, a.t, a.d, a.nu, a.M, o.data(), u.data(), S.data(), r_ext.data(),
+              past.data());
+    T* __restrict__ out = a.O + n * D;
+    const T s_t = z ? o[D] + z_eps : T(1);  // y = numerator / (z . phi(q) + Z_EPS), as divide_by_z divides
+    for (int64_t m = 0; m < D; ++m) out[m] = o[m] / s_t;
+  }
+}
+
+
+template <typename T>
+inline __attribute__((always_inline)) void raw_range_of(const Step<T>& a, const RawRows<T>& r, const fw::Shape& s,
+                                                        bool z, T z_eps, int64_t b, int64_t e) {
+  fw::with_row<T>(s, [&](auto map) __attribute__((always_inline)) { raw_rows(a, r, s, map, z, z_eps, b, e); });
+}
+FW_CLONES void raw_range(const Step<float>& a, const RawRows<float>& r, const fw::Shape& s, bool z, float z_eps,
+                         int64_t b, int64_t e) {
+  raw_range_of(a, r, s, z, z_eps, b, e);
+}
+FW_CLONES void raw_range(const Step<double>& a, const RawRows<double>& r, const fw::Shape& s, bool z, double z_eps,
+                         int64_t b, int64_t e) {
+  raw_range_of(a, r, s, z, z_eps, b, e);
+}
+
+
+}  // namespace
+
+// q, k [B, H, 1, d] raw rows; v [B, H, 1, D]; the map (feature_attend_forward's codes, nu, projection) and norm, the
+// normalisation of phi(q) and phi(k) (0 for the sum rule), with eps; z_column: the sum rule's (writes M = D + 1 wide,
+// the read divided by z . phi(q) + z_eps); keys [B', H, t, C] (C = d for DPFP, else E); keys_out / writes_out
+// [B, H, t + 1, .]: the rows read, then this position's row -> o [B, H, 1, D]
+torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const c10::optional<torch::Tensor>& beta, const torch::Tensor& keys,
+                            const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
+                            int64_t nu, const c10::optional<torch::Tensor>& projection,
+                            const c10::optional<torch::Tensor>& order, const torch::Tensor& keys_out,
+                            const torch::Tensor& writes_out, int64_t norm, double eps, bool z_column, double z_eps) {
+  const int64_t D = writes.dim() == 4 ? writes.size(3) - (z_column ? 1 : 0) : 0;
+  const StepArgs a(keys, writes, v, beta, decay, order, keys_out, writes_out, true, D, "raw_lazy_step");
+  TORCH_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.size(0) == a.B && q.size(1) == a.H && q.size(2) == 1 &&
+                  q.scalar_type() == a.type && k.scalar_type() == a.type && v.scalar_type() == a.type,
+              "raw_lazy_step: q and k must be [B, H, 1, d] and v [B, H, 1, D] of the keys' dtype");
+  fw::Shape s;
+  torch::Tensor kept;
+  fw::set_map(s, map, nu, projection, norm, q.size(3), a.type, kept, "raw_lazy_step");
+  s.eps = eps;
+  const int64_t E = fw::width(s);
+  const int64_t cached_nu = map == fw::kDpfp ? nu : 0;  // DPFP's cache keeps the raw keys, the others' phi
+  TORCH_CHECK(a.C == (cached_nu ? s.d : E), "raw_lazy_step: keys must be [B, H, t, ", cached_nu ? s.d : E, "]");
+  const auto qc = last_contiguous(q), kc = last_contiguous(k), vc = last_contiguous(v);
+  auto o = torch::empty({a.B, a.H, 1, D}, keys.options());
+  AT_DISPATCH_FLOATING_TYPES(a.type, "raw_lazy_step", [&] {
+    const auto step = a.step<scalar_t>(nullptr, nullptr, nullptr, nullptr, o.data_ptr<scalar_t>(), nullptr, norm, eps,
+                                       cached_nu);
+    const RawRows<scalar_t> rows{fw::heads_of<const scalar_t>(qc), fw::heads_of<const scalar_t>(kc),
+                                 fw::heads_of<const scalar_t>(vc)};
+    at::parallel_for(0, a.B * a.H, 4, [&](int64_t b, int64_t e) {
+      raw_range(step, rows, s, z_column, static_cast<scalar_t>(z_eps), b, e);
+    });
+  });
+  return o;
+}
+
