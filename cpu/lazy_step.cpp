@@ -21,6 +21,7 @@ inline __attribute__((always_inline)) void lazy_rows(const Step<T>& a, int64_t b
               a.cc.s, c.Kout, a.koc.s, c.Wout, a.woc.s, a.key ? a.key + n * a.d : nullptr, a.norm, a.eps, a.t, a.d,
               a.nu, a.M, a.O + n * a.M, a.U + n * a.M, S.data(), r_ext.data(), past.data());
   }
+  fw::stream_fence();
 }
 
 FW_CLONES void lazy_range(const Step<float>& a, int64_t b, int64_t e) { lazy_rows(a, b, e); }

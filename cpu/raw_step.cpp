@@ -48,6 +48,7 @@ inline __attribute__((always_inline)) void raw_rows(const Step<T>& a, const RawR
     const T s_t = z ? o[D] + z_eps : T(1);  // y = numerator / (z . phi(q) + Z_EPS), as divide_by_z divides
     for (int64_t m = 0; m < D; ++m) out[m] = o[m] / s_t;
   }
+  fw::stream_fence();
 }
 
 
