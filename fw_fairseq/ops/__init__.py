@@ -1,7 +1,7 @@
 """Pure tensor maths of fast weight programmers: update rules and feature maps (no fairseq here)."""
 from .fast_weight import fast_weight_read
-from .feature_maps import (FEATURE_MAPS, PHI_NORMS, FavorPlus, FeatureMap, dpfp, elu_plus_one, feature_map,
-                           l2_normalize, phi_scale, sum_normalize)
+from .feature_maps import FEATURE_MAPS, FavorPlus, FeatureMap, dpfp, elu_plus_one, feature_map
+from .normalize_function import PHI_NORMS, l2_normalize, phi_scale, sum_normalize
 from .rules import (RULES, UpdateRule, fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum,
                     fast_weight_write)
 from .z_column import append_z_column, divide_by_z

@@ -15,8 +15,8 @@ from torch import nn
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
 from .feature_attend import short_read
-from .guards import hand_written_backward, records
-from .normalize_function import PHI_EPS, NormalizeFunction, norm_of, plain_normalize
+from .guards import eager_form, records
+from .normalize_function import PHI_NORMS
 from .step import fused_lazy_step, raw_lazy_step, raw_source_read, raw_step_kernel
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -44,58 +44,11 @@ def _check_nu(nu, d):
         raise ValueError(f"dpfp: nu={nu!r} is not allowed; nu must be an int in 1..{2 * d - 1} (2*d-1 for d={d})")
 
 
-def sum_normalize(x, eps=PHI_EPS):
-    """phi'(x) = phi(x) / sum(phi(x)) over the last dim (paper §4.2), for non-negative x.
-
-    The denominator is clamped from below at eps (not eps added): the result is exactly
-    normalised whenever the sum exceeds eps, and an all-zero row (a padded position) gives 0,
-    never NaN, with a finite gradient.
-    """
-    return _normalize(x, "sum", eps)
-
-
-def l2_normalize(x, eps=PHI_EPS):
-    """phi'(x) = phi(x) / ||phi(x)||_2 over the last dim (DeltaNet, Yang et al. 2024).
-
-    A unit key makes the delta write an exact overwrite at beta = 1 (phi(k)^T W' = v), where a
-    sum-normalised key (||phi(k)||_2 <= 1, about E^-1/2 when phi is spread out) only moves the
-    stored value a fraction ||phi(k)||^2 of the way. Clamped like sum_normalize: 0 stays 0.
-    """
-    return _normalize(x, "l2", eps)
-
-
-def _normalize(x, kind, eps):
-    """x / max(norm_of(x, kind), eps) (normalize_function.py's forms)."""
-    return _eager_form(NormalizeFunction, plain_normalize, plain_normalize, x, kind, eps)
-
-
-def phi_scale(x, kind, eps=PHI_EPS):
-    """The factor [..., 1] by which --fw-delta-norm's `kind` normalisation multiplies x [..., E]:
-    1 / max(norm_of(x, kind), eps), as sum_normalize and l2_normalize divide."""
-    return norm_of(x, kind).clamp_min(eps).reciprocal()
-
-
-def _eager_form(function, plain, alone, x, *args):
-    """The one choice of form for the maths of phi, whose Functions (dpfp_function.py, favor_function.py,
-    normalize_function.py) compute it in fewer passes than autograd of the plain formula:
-    - while torch.compile traces, `plain`(x, *args): the compiler fuses it itself;
-    - eagerly where autograd records x, `function`.apply: the hand-written backward;
-    - eagerly where it does not (generation, validation), `alone`(x, *args), the forward without the
-      Function's call (about 5 us: a fifth of a decoding step's map)."""
-    if hand_written_backward(x):
-        return function.apply(x, *args)
-    return plain(x, *args) if torch.compiler.is_compiling() else alone(x, *args)
-
-
 def _differentiable(*tensors):
     """Whether DPFP's forward-only kernels (one-pass normalised map, cached scores and step) must give
     way to forms autograd or torch.compile can follow: while the compiler traces, or where autograd
     records one of the tensors."""
     return torch.compiler.is_compiling() or records(*tensors)
-
-
-# --fw-delta-norm: how the delta rules normalise phi of keys and queries (the sum rule divides by z)
-PHI_NORMS = {"sum": sum_normalize, "l2": l2_normalize}
 
 
 class FeatureMap(nn.Module, abc.ABC):
@@ -222,12 +175,12 @@ class Dpfp(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x, is_query):
-        return _eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
+        return eager_form(DpfpFunction, dpfp, dpfp_forward, x, self.nu)
 
     def normalized(self, x, is_query, kind):
         # the map and its normalisation as one Function (one pass each way on the CPU kernel), as the map
         # alone takes its forms
-        return _eager_form(DpfpFunction, _normalized_dpfp, dpfp_forward, x, self.nu, kind)
+        return eager_form(DpfpFunction, _normalized_dpfp, dpfp_forward, x, self.nu, kind)
 
     kernel_map = "dpfp"
 
@@ -328,7 +281,7 @@ class FavorPlus(FeatureMap):
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"FavorPlus: x has last dim {x.shape[-1]}, expected head_dim={self.head_dim}")
         dtype = torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
-        return _eager_form(FavorFunction, favor_plus, lambda t, *args: favor_forward(t, *args)[0],
+        return eager_form(FavorFunction, favor_plus, lambda t, *args: favor_forward(t, *args)[0],
                            x.to(dtype), self.projection.to(dtype), is_query)
 
 

@@ -10,7 +10,8 @@ the chunked and the CUDA paths alike (fw_fairseq/ops/README.md §3).
   float32 state (a crash: "Input dtypes must be the same") or hand back a half state. Each op casts
   its inputs explicitly instead, so results under autocast equal results without it.
 - First-order only, `first_order`: the hand-written backward passes are not themselves differentiable.
-`records` says whether autograd will record an op of given tensors.
+`records` says whether autograd will record an op of given tensors; `eager_form` picks the form of a map's maths
+(hand-written backward, plain formula under torch.compile, forward alone where nothing is recorded).
 """
 import contextlib
 import functools
@@ -73,3 +74,15 @@ def first_order(backward):
         return backward_without_autocast(ctx, *grads)
 
     return run
+
+
+def eager_form(function, plain, alone, x, *args):
+    """The one choice of form for the maths of phi, whose Functions (dpfp_function.py, favor_function.py,
+    normalize_function.py) compute it in fewer passes than autograd of the plain formula:
+    - while torch.compile traces, `plain`(x, *args): the compiler fuses it itself;
+    - eagerly where autograd records x, `function`.apply: the hand-written backward;
+    - eagerly where it does not (generation, validation), `alone`(x, *args), the forward without the
+      Function's call (about 5 us: a fifth of a decoding step's map)."""
+    if hand_written_backward(x):
+        return function.apply(x, *args)
+    return plain(x, *args) if torch.compiler.is_compiling() else alone(x, *args)
