@@ -29,7 +29,6 @@ FW_CLONES void lazy_range(const Step<double>& a, int64_t b, int64_t e) { lazy_ro
 
 }  // namespace
 
-
 // phi_q, phi_k [B, H, 1, E]; v [B, H, 1, M]; beta [B, H, 1] or None (sum rule); keys [B', H, t, d];
 // writes [B', H, t, M]; decay [B, H, t] or None (already in the hypotheses' order); order [B] rows of the
 // caches or None (B' = B); keys_out / writes_out [B, H, t, .] their reordered copies (with order), or
@@ -64,4 +63,3 @@ std::tuple<torch::Tensor, torch::Tensor> lazy_step(const torch::Tensor& phi_q, c
   });
   return {o, u};
 }
-

@@ -51,7 +51,6 @@ inline __attribute__((always_inline)) void raw_rows(const Step<T>& a, const RawR
   fw::stream_fence();
 }
 
-
 template <typename T>
 inline __attribute__((always_inline)) void raw_range_of(const Step<T>& a, const RawRows<T>& r, const fw::Shape& s,
                                                         bool z, T z_eps, int64_t b, int64_t e) {
@@ -65,7 +64,6 @@ FW_CLONES void raw_range(const Step<double>& a, const RawRows<double>& r, const 
                          int64_t b, int64_t e) {
   raw_range_of(a, r, s, z, z_eps, b, e);
 }
-
 
 }  // namespace
 
@@ -104,4 +102,3 @@ torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, cons
   });
   return o;
 }
-

@@ -100,8 +100,7 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
         o, u = _read(phi_q, phi_k, v, keys, writes, decay, beta, phi)
         keys, writes = append(keys, key, positions), append(writes, _scaled(u, phi, key, phi_k, norm), positions)
     else:  # generation: the step's rows go into views of t positions, in place or in the spares
-        order, keys_out, writes_out = gather or (None, keys, writes)
-        outs = grown(keys_out, positions), grown(writes_out, positions)  # [B, H, t, .], position t unwritten
+        order, outs = _outs(gather, keys, writes, positions)
         # the map's fused step reads the cache and appends this position's row in one call
         fused = None if phi is None else phi.cached_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs,
                                                           key, norm)
@@ -117,6 +116,13 @@ def lazy_step(phi_q: Tensor, phi_k: Tensor, v: Tensor, keys: Optional[Tensor], w
             o = fused[0]
         keys, writes = outs
     return o, keys, writes, _with_new_position(decay, alpha, positions)
+
+
+def _outs(gather, keys: Tensor, writes: Tensor, positions: int) -> Tuple[Optional[Tensor], Tuple[Tensor, Tensor]]:
+    """Generation: (the reorder left to this step or None, the views of t positions [B, H, t, .] that take the rows
+    read and, at position t-1 (unwritten), the step's own): in the gather's targets, else in the caches' storages."""
+    order, keys_out, writes_out = gather or (None, keys, writes)
+    return order, (grown(keys_out, positions), grown(writes_out, positions))
 
 
 def _decayed(decay: Optional[Tensor], alpha: Optional[Tensor]) -> Optional[Tensor]:
@@ -208,10 +214,9 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
         return None
     beta, alpha = (*scalars, None, None)[:2]
     gather = _gather(buffer, buffer.pop(ORDER, None))
-    order, keys_out, writes_out = gather or (None, past, buffer["writes"])
     decay = _decayed(buffer.get("decay"), alpha)
     positions = capacity(phi.out_dim, width, phi.cache_width)
-    outs = grown(keys_out, positions), grown(writes_out, positions)  # [B, H, t, .], position t unwritten
+    order, outs = _outs(gather, past, buffer["writes"], positions)
     o = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, outs, norm, z_column)
     _keep(buffer, gather, *outs, _with_new_position(decay, alpha, positions))
     return o
