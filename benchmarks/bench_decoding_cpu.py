@@ -20,6 +20,7 @@ times, the models taking turns (a change in the machine's load falls on all of t
 fastest; longer ones translate one batch, once.
 
     python benchmarks/bench_decoding_cpu.py [--lengths 16 64 1024] [--beams 1 4] [--repeats 3] [--batches 4] [--note TEXT]
+    python benchmarks/bench_decoding_cpu.py --render benchmarks/results/decoding_cpu.json   # its .md again, no run
 """
 import argparse
 import json
@@ -116,7 +117,15 @@ def main():
                              "0.4-5 s, and single runs of them varied by up to 1.3x on a quiet machine")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. the machine was shared)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/decoding_cpu.json")
+    parser.add_argument("--render", type=Path, metavar="JSON", help="write the .md of a results file, run nothing")
     args = parser.parse_args()
+    if args.render:
+        if not args.render.is_file():
+            parser.error(f"argument --render: {args.render} is not a file")
+        saved = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(markdown(saved, saved["results"], list(saved["models"])))
+        print(f"wrote {args.render.with_suffix('.md')}")
+        return
     THREADS.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     torch.set_num_threads(args.threads)  # the copy bandwidth below, like the runs
 

@@ -76,7 +76,11 @@ def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_leng
 
 def markdown(meta: dict, rows: list, configs: list) -> str:
     """The results as a markdown table: one row per (beam, output length), one column group per
-    configuration (tokens/s, ratio to softmax, fraction of its floor, peak RSS)."""
+    configuration (tokens/s, ratio to softmax, fraction of its floor, peak RSS), and the ceiling: softmax's
+    fastest tokens/s at the beam (at a short N, where its cache costs little) over its tokens/s at this N. A decoder
+    whose attention cost what softmax's costs at that short N, the rest of the decoder being the same, runs at about
+    the ceiling times softmax (about: a short N also shares each batch's encoder and set-up among fewer tokens), so
+    no attention takes a fast-weight decoder much past it."""
     lines = [f"# fairseq-generate on CPU: fast-weight decoders vs softmax ({meta['arch']})", "",
              f"{meta['machine_note']} CPU x{meta['cpu_count']}, {meta['threads']} torch thread(s), "
              f"torch {meta['torch']}, "
@@ -86,9 +90,14 @@ def markdown(meta: dict, rows: list, configs: list) -> str:
                 if "repeats_up_to_128_tokens" in meta else "")
              + (f" of {meta['batches_up_to_128_tokens']} batches each" if "batches_up_to_128_tokens" in meta else "")
              + ". Each cell: tokens/s (x softmax), "
-             f"fraction of its own bytes floor, MB moved per token by the floor, peak RSS MiB.", "",
-             "| beam | N | " + " | ".join(configs) + " |",
-             "|---:|---:|" + "---:|" * len(configs)]
+             f"fraction of its own bytes floor, MB moved per token by the floor, peak RSS MiB. Ceiling: softmax's "
+             "fastest tokens/s at the beam over its tokens/s at N, about what a decoder whose attention cost what "
+             "softmax's costs at a short N would reach.", "",
+             "| beam | N | " + " | ".join(configs) + " | ceiling |",
+             "|---:|---:|" + "---:|" * len(configs) + "---:|"]
+    fastest = {}  # beam -> softmax's fastest tokens/s at it
+    for row in rows:
+        fastest[row["beam"]] = max(fastest.get(row["beam"], 0), row["softmax"]["tokens_per_s"])
     for row in rows:
         sm = row["softmax"]["tokens_per_s"]
         cells = []
@@ -97,5 +106,5 @@ def markdown(meta: dict, rows: list, configs: list) -> str:
             cells.append(f"{r['tokens_per_s']:.0f} ({r['tokens_per_s'] / sm:.2f}x), "
                          f"{r['fraction_of_floor']:.2f} of floor, {r['floor_mb_per_token']:.1f} MB, "
                          f"{r['peak_rss_mib']:.0f} MiB")
-        lines.append(f"| {row['beam']} | {row['length']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['beam']} | {row['length']} | " + " | ".join(cells) + f" | {fastest[row['beam']] / sm:.2f}x |")
     return "\n".join(lines) + "\n"
