@@ -114,7 +114,19 @@ struct Step {  // one call's tensors: rows [B H, 1, .] contiguous, caches as str
   int64_t norm;
   T eps;
   int64_t H, t, d, nu, M;
+  // traced (StepArgs): position s of hypothesis b is in row lineage[order[b], s] of the caches (lineage [B', t]; null:
+  // row order[b]), each hypothesis appends in its own row b, and lineage_out [B, t + 1] gets the rows of its positions
+  bool traced;
+  const int64_t* lineage;
+  int64_t* lineage_out;
 };
+
+// the cache row that holds position s of hypothesis b in a traced step
+template <typename T>
+inline __attribute__((always_inline)) int64_t traced_row(const Step<T>& a, int64_t b, int64_t s) {
+  const int64_t parent = a.order ? a.order[b] : b;
+  return a.lineage ? a.lineage[parent * a.t + s] : parent;
+}
 
 // the cache's rows of head n: hypothesis n / H reads row order[n / H] (itself without a reorder)
 template <typename T>
@@ -144,20 +156,28 @@ inline void check_out(const c10::optional<torch::Tensor>& out, const torch::Tens
 }
 
 // What both steps take from their arguments, checked: the caches (keys [B', H, t, C], writes [B', H, t, M]), the
-// values v [B, H, 1, D] (their shape), beta, the decay, the reorder and the outs (with `append`, of t + 1 positions)
+// values v [B, H, 1, D] (their shape), beta, the decay, the reorder and the outs (with `append`, of t + 1 positions).
+// Traced (raw_step.cpp): the outs are the caches' own storages (views of t + 1 positions of all their rows) and the
+// reorder and the lineage [B'', t] (B'' the previous step's hypotheses; absent: each its own row) say where each
+// hypothesis's positions are, so that a reorder copies nothing: lineage_out [B, t + 1] says it for the next step.
 struct StepArgs {
-  torch::Tensor kv, wv, cv, oc, bc, ko, wo;  // ko, wo: keys_out and writes_out (undefined: none)
+  torch::Tensor kv, wv, cv, oc, bc, ko, wo, lc, lo;  // ko, wo: keys_out and writes_out (undefined: none); lc, lo: lineage
   int64_t B, H, t, C, M;
   torch::ScalarType type;
-  bool outs;
+  bool outs, traced;
 
   StepArgs(const torch::Tensor& keys, const torch::Tensor& writes, const torch::Tensor& v,
            const c10::optional<torch::Tensor>& beta, const c10::optional<torch::Tensor>& decay,
            const c10::optional<torch::Tensor>& order, const c10::optional<torch::Tensor>& keys_out,
-           const c10::optional<torch::Tensor>& writes_out, bool append, int64_t D, const char* fn) {
+           const c10::optional<torch::Tensor>& writes_out, bool append, int64_t D, const char* fn,
+           const c10::optional<torch::Tensor>& lineage = c10::nullopt) {
     TORCH_CHECK(keys.dim() == 4 && writes.dim() == 4 && keys.device().is_cpu(), fn,
                 ": keys and writes must be [B, H, t, d] and [B, H, t, M] CPU tensors");
-    B = order ? order->numel() : keys.size(0);
+    outs = keys_out.has_value();
+    traced = outs && append && (order || lineage) && keys_out->data_ptr() == keys.data_ptr();
+    TORCH_CHECK(!lineage || traced, fn, ": a lineage takes the caches' own storages as keys_out and writes_out");
+    const int64_t parents = lineage ? lineage->size(0) : keys.size(0);  // the rows `order` picks from
+    B = order ? order->numel() : parents;
     H = keys.size(1);
     t = keys.size(2);
     C = keys.size(3);
@@ -176,16 +196,27 @@ struct StepArgs {
     cv = decay ? decay->to(type) : torch::Tensor();
     TORCH_CHECK(!decay || (cv.dim() == 3 && cv.size(0) == B && cv.size(1) == H && cv.size(2) == t), fn,
                 ": decay must be [B, H, t]");
-    oc = order ? checked_order(*order, B, keys.size(0), fn) : torch::Tensor();
-    outs = keys_out.has_value();
+    oc = order ? checked_order(*order, B, parents, fn) : torch::Tensor();
     TORCH_CHECK(outs == writes_out.has_value() && (outs || !order) && (outs || !append), fn,
                 ": a reorder or an append takes both keys_out and writes_out");
     if (outs) {
-      check_out(keys_out, keys, B, append ? t + 1 : t, fn, "keys_out");
-      check_out(writes_out, writes, B, append ? t + 1 : t, fn, "writes_out");
+      // traced: every row of the storages (each hypothesis appends in its own, B <= B')
+      TORCH_CHECK(!traced || (B <= keys.size(0) && writes_out->data_ptr() == writes.data_ptr()), fn,
+                  ": a traced step appends in place, in rows 0..B-1 of both caches");
+      check_out(keys_out, keys, traced ? keys.size(0) : B, append ? t + 1 : t, fn, "keys_out");
+      check_out(writes_out, writes, traced ? keys.size(0) : B, append ? t + 1 : t, fn, "writes_out");
       ko = *keys_out;
       wo = *writes_out;
     }
+    if (lineage) {
+      TORCH_CHECK(lineage->dim() == 2 && lineage->size(1) == t && lineage->scalar_type() == torch::kLong, fn,
+                  ": lineage must be [B', t] int64");
+      lc = lineage->contiguous();
+      const int64_t* rows = lc.data_ptr<int64_t>();
+      for (int64_t i = 0; i < lc.numel(); ++i)  // rows the kernel reads: checked as order's are
+        TORCH_CHECK(rows[i] >= 0 && rows[i] < keys.size(0), fn, ": lineage holds ", rows[i], ", not a cache row");
+    }
+    if (traced) lo = torch::empty({B, t + 1}, keys.options().dtype(torch::kLong));
   }
 
   // the Step over these tensors, with the rows Q, Kq, V [B H, .], the appended keys (or null), O and U
@@ -196,7 +227,8 @@ struct StepArgs {
                    wv.data_ptr<T>(), cv.defined() ? cv.data_ptr<T>() : nullptr,
                    outs ? ko.data_ptr<T>() : nullptr, outs ? wo.data_ptr<T>() : nullptr, O, U, strides(kv),
                    strides(wv), strides(cv), strides(ko), strides(wo), oc.defined() ? oc.data_ptr<int64_t>() : nullptr,
-                   key, norm, static_cast<T>(eps), H, t, C, nu, M};
+                   key, norm, static_cast<T>(eps), H, t, C, nu, M, traced,
+                   lc.defined() ? lc.data_ptr<int64_t>() : nullptr, lo.defined() ? lo.data_ptr<int64_t>() : nullptr};
   }
 };
 

@@ -3,6 +3,10 @@
 // rule's norm, the sum rule's values get their z column (u = [v; 1]) and its read is divided by it, then the step of
 // lazy_head.h; DPFP's cache keeps the raw key, the other maps' their phi(k). In Python those are six small ops and
 // their tensors a layer-step (phi of q and k, the z column's append and division).
+// Traced (lazy_head.h's StepArgs): a beam reorder copies no cache row. Hypothesis b gathers its positions from the
+// rows the lineage names into a buffer that stays in cache, steps over it there, and appends its own row in row b of
+// the caches, which no other hypothesis's lineage names at that position. Before, every reorder wrote each
+// hypothesis's whole cache to a spare storage (a third or more of a beam-4 layer-step's memory traffic).
 #include "attend_heads.h"
 #include "lazy_head.h"
 
@@ -31,8 +35,29 @@ inline __attribute__((always_inline)) void raw_rows(const Step<T>& a, const RawR
   const int64_t d = s.d, E = map.width(), D = z ? a.M - 1 : a.M;
   std::vector<T> x(2 * d), phi(2 * E), v(a.M), o(a.M), u(a.M);
   std::vector<T> S(2 * a.t), r_ext(a.nu ? fw::scores_scratch(d, a.nu) : 0), past(2 * a.M);
+  // traced: head n's t + 1 positions of keys [t + 1, C] and writes [t + 1, M], gathered, then its own
+  std::vector<T> keys(a.traced ? (a.t + 1) * a.d : 0), writes(a.traced ? (a.t + 1) * a.M : 0);
   for (int64_t n = begin; n < end; ++n) {
-    const HeadCaches<T> c(a, n);
+    HeadCaches<T> c(a, n);
+    const int64_t b = n / a.H, h = n % a.H;
+    T *key_out = nullptr, *write_out = nullptr;  // traced: where the step's own row goes
+    if (a.traced) {
+      for (int64_t p = 0; p < a.t; ++p) {
+        const int64_t row = fw::traced_row(a, b, p);
+        const T* key = a.K + row * a.kc.b + h * a.kc.h + p * a.kc.s;
+        const T* write = a.W + row * a.wc.b + h * a.wc.h + p * a.wc.s;
+        std::copy(key, key + a.d, keys.data() + p * a.d);
+        std::copy(write, write + a.M, writes.data() + p * a.M);
+        if (h == 0) a.lineage_out[b * (a.t + 1) + p] = row;
+      }
+      if (h == 0) a.lineage_out[b * (a.t + 1) + a.t] = b;
+      key_out = c.Kout + a.t * a.koc.s;
+      write_out = c.Wout + a.t * a.woc.s;
+      c.K = c.Kout = keys.data();  // the step reads and appends in the buffers: no copy of the past
+      c.W = c.Wout = writes.data();
+    }
+    const int64_t ks = a.traced ? a.d : a.kc.s, ws = a.traced ? a.M : a.wc.s;
+    const int64_t kos = a.traced ? a.d : a.koc.s, wos = a.traced ? a.M : a.woc.s;
     std::copy(r.q.row(n, 0), r.q.row(n, 0) + d, x.data());  // [q; k]: row 0 the query's (FAVOR+'s shift)
     std::copy(r.k.row(n, 0), r.k.row(n, 0) + d, x.data() + d);
     map.begin(x.data(), 2, 1);
@@ -40,10 +65,13 @@ inline __attribute__((always_inline)) void raw_rows(const Step<T>& a, const RawR
     std::copy(r.v.row(n, 0), r.v.row(n, 0) + D, v.data());
     if (z) v[D] = T(1);
     // DPFP's cache (nu > 0) keeps the raw key and scales its write by phi's norm; a cache of features keeps phi(k)
-    lazy_head(phi.data(), phi.data() + E, v.data(), a.beta ? a.beta + n : nullptr, c.K, a.kc.s, c.W, a.wc.s, c.C,
-              a.cc.s, c.Kout, a.koc.s, c.Wout, a.woc.s, a.nu ? x.data() + d : phi.data() + E,
-              a.nu ? s.norm : fw::kNone, a.eps, a.t, a.d, a.nu, a.M, o.data(), u.data(), S.data(), r_ext.data(),
-              past.data());
+    lazy_head(phi.data(), phi.data() + E, v.data(), a.beta ? a.beta + n : nullptr, c.K, ks, c.W, ws, c.C, a.cc.s,
+              c.Kout, kos, c.Wout, wos, a.nu ? x.data() + d : phi.data() + E, a.nu ? s.norm : fw::kNone, a.eps, a.t,
+              a.d, a.nu, a.M, o.data(), u.data(), S.data(), r_ext.data(), past.data());
+    if (a.traced) {
+      std::copy(keys.data() + a.t * a.d, keys.data() + (a.t + 1) * a.d, key_out);
+      std::copy(writes.data() + a.t * a.M, writes.data() + (a.t + 1) * a.M, write_out);
+    }
     T* __restrict__ out = a.O + n * D;
     const T s_t = z ? o[D] + z_eps : T(1);  // y = numerator / (z . phi(q) + Z_EPS), as divide_by_z divides
     for (int64_t m = 0; m < D; ++m) out[m] = o[m] / s_t;
@@ -70,15 +98,17 @@ FW_CLONES void raw_range(const Step<double>& a, const RawRows<double>& r, const 
 // q, k [B, H, 1, d] raw rows; v [B, H, 1, D]; the map (feature_attend_forward's codes, nu, projection) and norm, the
 // normalisation of phi(q) and phi(k) (0 for the sum rule), with eps; z_column: the sum rule's (writes M = D + 1 wide,
 // the read divided by z . phi(q) + z_eps); keys [B', H, t, C] (C = d for DPFP, else E); keys_out / writes_out
-// [B, H, t + 1, .]: the rows read, then this position's row -> o [B, H, 1, D]
-torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const c10::optional<torch::Tensor>& beta, const torch::Tensor& keys,
-                            const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
-                            int64_t nu, const c10::optional<torch::Tensor>& projection,
-                            const c10::optional<torch::Tensor>& order, const torch::Tensor& keys_out,
-                            const torch::Tensor& writes_out, int64_t norm, double eps, bool z_column, double z_eps) {
+// [B, H, t + 1, .]: the rows read, then this position's row; or, traced (with order or lineage [B'', t]), the views
+// of t + 1 positions of the caches' own storages -> (o [B, H, 1, D], traced: the lineage [B, t + 1] for the next
+// step, else None)
+std::tuple<torch::Tensor, c10::optional<torch::Tensor>> raw_lazy_step(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
+    const torch::Tensor& keys, const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
+    int64_t nu, const c10::optional<torch::Tensor>& projection, const c10::optional<torch::Tensor>& order,
+    const c10::optional<torch::Tensor>& lineage, const torch::Tensor& keys_out, const torch::Tensor& writes_out,
+    int64_t norm, double eps, bool z_column, double z_eps) {
   const int64_t D = writes.dim() == 4 ? writes.size(3) - (z_column ? 1 : 0) : 0;
-  const StepArgs a(keys, writes, v, beta, decay, order, keys_out, writes_out, true, D, "raw_lazy_step");
+  const StepArgs a(keys, writes, v, beta, decay, order, keys_out, writes_out, true, D, "raw_lazy_step", lineage);
   TORCH_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.size(0) == a.B && q.size(1) == a.H && q.size(2) == 1 &&
                   q.scalar_type() == a.type && k.scalar_type() == a.type && v.scalar_type() == a.type,
               "raw_lazy_step: q and k must be [B, H, 1, d] and v [B, H, 1, D] of the keys' dtype");
@@ -100,5 +130,6 @@ torch::Tensor raw_lazy_step(const torch::Tensor& q, const torch::Tensor& k, cons
       raw_range(step, rows, s, z_column, static_cast<scalar_t>(z_eps), b, e);
     });
   });
-  return o;
+  if (a.traced) return {o, a.lo};
+  return {o, c10::nullopt};
 }

@@ -29,18 +29,18 @@ decay [B, H, t-1], v [B, H, 1, M], beta, alpha [B, H, 1].
 Generation (no autograd) allocates nothing per step (cache_storage.py): the cached tensors are
 views of the first t positions of storages of `capacity` positions, so a step writes one row in place
 (the map's kernel writes it as it reads the cache: FeatureMap.cached_step) instead of copying the cache (a fresh [B H, t, C + M] tensor per step, which the CPU's allocator also
-faults in page by page); a beam reorder gathers into a spare storage kept beside each tensor and the
-two swap. The state's reorder waits for the next step (ORDER), which gathers the rows while it reads
-them (`step_state`): one pass over the states instead of a copy and then the step. With autograd
-(teacher-forced tests of the gradients) the same functions concatenate.
+faults in page by page). Beam search's reorders wait for the next step (buffer_order.py): the state's
+step gathers the rows while it reads them (`step_state`), the features step into a spare storage kept
+beside each tensor (the two swap), and the raw step's kernel copies no row at all (its lineage). With
+autograd (teacher-forced tests of the gradients) the same functions concatenate.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from fw_fairseq.modules.cache_storage import append, grown, in_place, reorder, spare_name, target
-from fw_fairseq.modules.source_memory import regroup
+from fw_fairseq.modules.buffer_order import CACHE, LINEAGE, ORDER, gather as _gather, reorder_decay, settle
+from fw_fairseq.modules.cache_storage import append, grown, in_place, spare_name, target
 from fw_fairseq.ops import phi_scale
 from fw_fairseq.ops.step import step_in_place
 
@@ -50,16 +50,6 @@ def fits(length: int, d_phi: int, width: int, key_width: Optional[int] = None) -
     (key_width: the cached key's, d_phi unless given), reads no more than the [d_phi, width] state it
     replaces."""
     return length * ((key_width or d_phi) + width) <= d_phi * width
-
-
-# the decoder self-attention's buffer entries (name -> whether dim 2 counts positions): the lazy cache
-# or the state, each with its reorder spare under spare_name(name)
-ENTRIES = {"keys": True, "writes": True, "decay": True, "state": False}
-CACHE = tuple(name for name, positions in ENTRIES.items() if positions)  # lazy_step's, in its order
-# generation: beam search's reorder of the lazy cache or the state, not applied yet; the next step gathers
-# the rows as it reads them (lazy_step's gather, step_state). A later reorder composes with it like any
-# other row-indexed entry.
-ORDER = "state_order"
 
 
 def capacity(d_phi: int, width: int, key_width: Optional[int] = None) -> int:
@@ -179,17 +169,6 @@ def fold(keys: Tensor, writes: Tensor, decay: Optional[Tensor], phi=None) -> Ten
     return phi_k.transpose(-1, -2) @ writes
 
 
-def _gather(buffer: dict, order: Optional[Tensor]) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
-    """lazy_step's gather for beam search's reorder `order` left to this step (None: none): (order, the keys'
-    and writes' targets); the decay (t values a head, scaled before the step reads them) is reordered here."""
-    if order is None:
-        return None
-    if buffer.get("decay") is not None:
-        buffer["decay"], buffer[spare_name("decay")] = reorder(buffer["decay"], order, buffer.get(spare_name("decay")))
-    return (order, *(target(buffer[name], order.numel(), buffer.get(spare_name(name)), True)
-                     for name in ("keys", "writes")))
-
-
 def _keep(buffer: dict, gather, keys: Tensor, writes: Tensor, decay: Optional[Tensor]):
     """The buffer after a lazy step: its new keys, writes and decay; after a gather, the storages read are the
     next reorder's spares."""
@@ -207,18 +186,23 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
     causal_step's o [B, H, 1, D] with the z column divided out, the buffer updated as causal_step updates it.
     None where it does not apply (autograd, the first position, the state, the step that folds the cache, no
     kernel): causal_step runs, the same function."""
-    past = buffer.get("keys")  # [B, H, t-1, C]
+    past = buffer.get("keys")  # [B', H, t-1, C]: rows of hypotheses, or with a lineage the storages' (B' >= B)
     width = v.size(-1) + z_column  # the writes' M
     if (not in_place() or q.size(2) != 1 or past is None or "state" in buffer
             or not fits(past.size(2) + 1, phi.out_dim, width, phi.cache_width) or not phi.has_raw_step(q, past)):
         return None
     beta, alpha = (*scalars, None, None)[:2]
-    gather = _gather(buffer, buffer.pop(ORDER, None))
+    order = buffer.pop(ORDER, None)
+    reorder_decay(buffer, order)
     decay = _decayed(buffer.get("decay"), alpha)
     positions = capacity(phi.out_dim, width, phi.cache_width)
-    order, outs = _outs(gather, past, buffer["writes"], positions)
-    o = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, outs, norm, z_column)
-    _keep(buffer, gather, *outs, _with_new_position(decay, alpha, positions))
+    # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced
+    outs = grown(past, positions), grown(buffer["writes"], positions)
+    o, lineage = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, buffer.pop(LINEAGE, None), outs,
+                              norm, z_column)
+    _keep(buffer, None, *outs, _with_new_position(decay, alpha, positions))
+    if lineage is not None:
+        buffer[LINEAGE] = lineage
     return o
 
 
@@ -230,6 +214,7 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     phi of keys and queries (--fw-delta-norm) where the rule has one, else None. phi_q [B, H, T, E]; the
     written positions' phi_k [B, H, T, E], v [B, H, T, M], keys [B, H, T, d], scalars [B, H, T] each.
     Returns o [B, H, T, M]."""
+    settle(buffer)
     past = buffer.get("keys")  # [B, H, t-1, C] while the cache is live
     length = phi_q.size(2) + (0 if past is None else past.size(2))
     order = buffer.pop(ORDER, None)  # a reorder left for this step (generation)
@@ -260,33 +245,3 @@ def causal_step(buffer: dict, rule, phi, norm: Optional[str], phi_q: Tensor, phi
     state = state if order is None else state.index_select(0, order)
     o, buffer["state"] = rule.causal(phi_q, phi_k, v, *scalars, initial_state=state, output_final_state=True)
     return o
-
-
-def reorder_buffer(buffer: dict, new_order: Tensor) -> bool:
-    """Beam search's reorder (and pruning) of a FastWeightAttention's buffer: its rows `new_order` [B'] of every
-    cached tensor (batch is dim 0 of each); whether anything changed. The decoder state's is left to the next step
-    in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
-    of hypotheses that read the same row (a sentence's beams), copied only when such groups leave or split."""
-    # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
-    # finished): the identity must not copy every cache and state
-    spares = {spare_name(name) for name in ENTRIES}
-    hypotheses = buffer[ORDER].numel() if ORDER in buffer else next(
-        x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
-    if new_order.numel() == hypotheses and torch.equal(new_order, torch.arange(hypotheses, device=new_order.device)):
-        return False
-    memory, rows = buffer.get("memory"), buffer.get("memory_rows")
-    for name, tensor in list(buffer.items()):
-        if tensor is None or name == "memory" or name in spares:
-            continue
-        if name in ENTRIES and in_place():  # left to the next step (an ORDER already there composes below)
-            buffer.setdefault(ORDER, new_order)
-        elif name in ENTRIES:  # the decoder state: gathered into its spare storage (cache_storage.py)
-            buffer[name], buffer[spare_name(name)] = reorder(tensor, new_order, buffer.get(spare_name(name)),
-                                                             positions=ENTRIES[name])
-        else:
-            buffer[name] = tensor.index_select(0, new_order)
-    # beam search mostly reorders hypotheses within their sentences: each still reads the same row
-    if memory is not None and rows is not None and not torch.equal(buffer["memory_rows"], rows):
-        beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
-        buffer["memory"], buffer["memory_rows"] = regroup(memory, buffer["memory_rows"], beam)
-    return True

@@ -28,7 +28,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
 from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
-from fw_fairseq.modules.decoder_state import causal_step, raw_causal_step, reorder_buffer
+from fw_fairseq.modules.buffer_order import reorder_buffer
+from fw_fairseq.modules.decoder_state import causal_step, raw_causal_step
 from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, read_source, source_beam, write_source
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
@@ -287,7 +288,7 @@ class FastWeightAttention(nn.Module):
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):
         """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor
-        (decoder_state.reorder_buffer)."""
+        (buffer_order.reorder_buffer)."""
         buffer = self._get_input_buffer(incremental_state)
         if buffer and reorder_buffer(buffer, new_order):
             self._set_input_buffer(incremental_state, buffer)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from factories import build_model, random_tokens
-from fw_fairseq.modules.decoder_state import ORDER
+from fw_fairseq.modules.buffer_order import LINEAGE, ORDER
 from fw_fairseq.ops import FEATURE_MAPS, RULES
 
 BSZ, SRC_LEN = 3, 7
@@ -103,11 +103,12 @@ def test_memory_grows_until_the_switch_then_stays_flat(feature_map, rule):
             if t % 2:  # beam search's reorders bring the spares
                 model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0]))
         buffer = attention._get_input_buffer(state)
-        # the entries' values, leaving out the spares and a reorder left for the next step (B indices)
+        # the entries' values, leaving out the spares and the reorders' indices (a reorder left for the next step,
+        # B of them; the raw step's lineage, B t)
         sizes.append(sum(x.numel() for name, x in buffer.items()
-                         if x is not None and "spare" not in name and name != ORDER))
+                         if x is not None and "spare" not in name and name not in (ORDER, LINEAGE)))
         storages.append(sum({x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
-                             for name, x in buffer.items() if x is not None and name != ORDER}.values()))
+                             for name, x in buffer.items() if x is not None and name not in (ORDER, LINEAGE)}.values()))
     lazy, folded = sizes[: switch - 1], sizes[switch - 1:]
     assert lazy == sorted(set(lazy)), lazy  # the cache grows by one position per step
     assert len(set(folded)) == 1 and folded[0] >= lazy[-1], sizes  # then the fixed-size state

@@ -1,8 +1,8 @@
-"""Generation's decoder self-attention step from the raw heads (decoder_state.raw_causal_step, on cpu/lazy_step.cpp's
+"""Generation's decoder self-attention step from the raw heads (decoder_state.raw_causal_step, on cpu/raw_step.cpp's
 raw_lazy_step: phi, its normalisation and the sum rule's z column in the kernel) is the same function as the step
 that forms phi in PyTorch first (FeatureMap.cached_step): float64, every feature map x rule x --fw-delta-norm, beam
-reorders before and after the cache is folded into the state, and the raw step runs on every lazy step but the
-first."""
+reorders (traced through the kernel's lineage, also with fewer hypotheses than cache rows) before and after the cache
+is folded into the state, and the raw step runs on every lazy step but the first."""
 import itertools
 
 import pytest
@@ -16,7 +16,8 @@ from fw_fairseq.ops.cpu_extension import cpu_kernel
 pytestmark = pytest.mark.skipif(cpu_kernel(torch.zeros(1)) is None, reason="the CPU extension is not built")
 
 C, H, B, STEPS = 16, 2, 3, 12  # head_dim 8: ELU+1's cache (E = 8) folds at step 5, DPFP-2's (C = 8, E = 32) at 12
-REORDERS = {2: [2, 0, 0], 4: [1, 2, 1], 7: [0, 0, 2]}  # before steps 3, 5 and 8 (1-based)
+# before steps 3, 5, 7 and 9 (1-based): hypotheses continued twice, and from step 7 a sentence's fewer (3 -> 2)
+REORDERS = {2: [2, 0, 0], 4: [1, 2, 1], 6: [2, 1], 8: [1, 1]}
 
 
 def _layer(feature_map, rule, norm):
@@ -30,7 +31,8 @@ def _layer(feature_map, rule, norm):
 
 
 def _decode(layer, xs, monkeypatch, raw):
-    """The layer's outputs [1, B, C] step by step over xs [T, B, C] with REORDERS; the steps that ran raw."""
+    """The layer's outputs [1, B, C] step by step over xs [T, B, C] (the first B of them: as many as there are
+    hypotheses) with REORDERS; the steps that ran raw."""
     ran = []
     original = feature_maps.FeatureMap.raw_step
 
@@ -41,12 +43,13 @@ def _decode(layer, xs, monkeypatch, raw):
     monkeypatch.setattr(feature_maps.FeatureMap, "raw_step", counted)
     if not raw:
         monkeypatch.setattr(feature_maps.FeatureMap, "has_raw_step", lambda self, q, cached: False)
-    state, outputs = {}, []
+    state, outputs, rows = {}, [], xs.size(1)
     with torch.no_grad():
         for t in range(len(xs)):
             if t in REORDERS:
                 layer.reorder_incremental_state(state, torch.tensor(REORDERS[t]))
-            x = xs[t: t + 1]
+                rows = len(REORDERS[t])
+            x = xs[t: t + 1, :rows]
             outputs.append(layer(x, x, x, incremental_state=state)[0])
     monkeypatch.undo()
     return outputs, ran
@@ -70,23 +73,30 @@ def test_the_raw_step_equals_the_features_step(feature_map, rule, norm, monkeypa
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 7, 2, None, None,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 7, 2, None, None, None,
                                                      *_outs(keys, writes), 0, 1e-6, False, 1e-6), "map must be 0"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys[..., :3], writes, None, 0, 2, None, None,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys[..., :3], writes, None, 0, 2, None, None, None,
                                                      *_outs(keys[..., :3], writes), 0, 1e-6, False, 1e-6),
      "keys must be \\[B, H, t, 4\\]"),
     (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q[:, :, :, :3], k, k, None, keys, writes, None, 0, 2, None,
-                                                     None, *_outs(keys, writes), 0, 1e-6, False, 1e-6),
+                                                     None, None, *_outs(keys, writes), 0, 1e-6, False, 1e-6),
      "q and k must be \\[B, H, 1, d\\]"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 3, 1, None, None,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 3, 1, None, None, None,
                                                      *_outs(keys, writes), 0, 1e-6, False, 1e-6),
      "favor needs its projection"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None, None,
                                                      keys, writes, 0, 1e-6, False, 1e-6),
      "keys_out must be \\[B, H, 3, width\\]"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None, None,
                                                      *_outs(keys, writes), 0, 1e-6, True, 1e-6),
      "v must be \\[B, H, 1, 3\\]"),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None,
+                                                     torch.zeros(2, 2, dtype=torch.long), *_outs(keys, writes), 0,
+                                                     1e-6, False, 1e-6),
+     "a lineage takes the caches' own storages"),
+    (lambda kn, q, k, keys, writes: _traced(kn, q, k, torch.tensor([[0, 2], [1, 1]])), "lineage holds 2, not a cache row"),
+    (lambda kn, q, k, keys, writes: _traced(kn, q, k, torch.zeros(2, 3, dtype=torch.long)),
+     "lineage must be \\[B', t\\] int64"),
 ])
 def test_raw_lazy_step_refuses_bad_arguments_in_one_line(call, message):
     q = torch.randn(2, 2, 1, 4, dtype=torch.float64)
@@ -98,6 +108,14 @@ def test_raw_lazy_step_refuses_bad_arguments_in_one_line(call, message):
 def _outs(keys, writes):
     """Views of one more position than keys and writes [B, H, t, .] have, as generation grows them."""
     return tuple(torch.empty(*x.shape[:2], x.size(2) + 1, x.size(3), dtype=x.dtype) for x in (keys, writes))
+
+
+def _traced(kernel, q, k, lineage):
+    """A traced step (lineage given) of ELU+1 over caches of 2 positions in storages of 3: the outs are the storages."""
+    storages = [torch.randn(2, 2, 3, 4, dtype=torch.float64) for _ in range(2)]
+    keys, writes = (x[:, :, :2] for x in storages)
+    return kernel.raw_lazy_step(q, k, k, None, keys, writes, None, 1, 0, None, None, lineage, *storages, 0, 1e-6,
+                                False, 1e-6)
 
 
 @pytest.mark.parametrize("source,map,message", [

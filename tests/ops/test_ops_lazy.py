@@ -4,7 +4,8 @@ gives its state, so decoding can continue with the fixed-size step (float64)."""
 import pytest
 import torch
 
-from fw_fairseq.modules.decoder_state import append, fits, fold, lazy_step, reorder
+from fw_fairseq.modules.cache_storage import append, reorder
+from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
 from fw_fairseq.ops import append_z_column
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
 from fw_fairseq.ops.step import step_gated_delta, step_sum
