@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels.h"
+#include "favor_row.h"
 #include "map_rows.h"
 #include "products.h"
 

@@ -11,6 +11,7 @@
 // (attend_heads.h's HeadBuffers calls them once per head, for the rows of its queries and keys; the row loops below
 // do not). Each map is the same function as its
 // PyTorch form in fw_fairseq/ops/feature_maps.py; the kernels' codes for them are cpu_extension.KERNEL_MAPS's.
+// FAVOR+'s row, the one with hooks, is favor_row.h's.
 #pragma once
 
 #include <algorithm>
@@ -150,76 +151,6 @@ struct HedgehogRow : RowDefaults {
     const T* __restrict__ h = p.data();
     const T a = dot(h, g, d), b = dot(h + d, g + d, d);
     for (int64_t k = 0; k < d; ++k) dx[k] = h[k] * (g[k] - a) - h[d + k] * (g[d + k] - b);
-  }
-};
-
-// FAVOR+ with R [m, d] (a buffer, no gradient), E = 2m: x' = x d^-1/4, u = R x', h = |x'|^2 / 2, e = [u - h, -u - h],
-// phi = exp(e - c) / sqrt(2m) with c = max_j e_j for a query (a factor its read divides out) and 0 for a key.
-// Backward (favor_function.py): de = g phi; for a query de[argmax] -= sum(de) (the shift's gradient; then
-// sum(de) = 0 and |x'|^2's term drops); du = de[:m] - de[m:]; dx = (du R - x' sum(de) (keys)) d^-1/4.
-// The projections of a block of rows are matrix products (begin: U = X R^T; end: DX += dU R d^-1/4), through BLAS
-// where `blas`: a row at a time they cost 4 times DPFP-2's whole read (u and dx are m and d wide, the registers hold
-// neither, each of their d or m updates a load and a store of all of it). A row's phi is kept from its first
-// prepare until the next begin: the backward prepares each row again, and its 2m exp are most of the map's time.
-template <typename T>
-struct FavorRow : RowDefaults {
-  int64_t d, m;
-  const T* R;  // [m, d]
-  bool blas;
-  T scale;  // d^-1/4
-  const T *X = nullptr, *x = nullptr;  // the block's rows (begin); the row last prepared
-  int64_t queries = 0, n = 0;  // the block's query rows (its first); the index of the row last prepared
-  std::vector<T> U, dU, dUR, Phi, e;  // X R^T, dU [rows, m]; dU R [rows, d]; phi [rows, 2m]; e, then de [2m]
-  std::vector<int64_t> top;  // [rows]: a query's argmax of e (the first, where tied); -1: the row is not formed yet
-  FavorRow(const T* R_, int64_t d_, int64_t m_, bool blas_)
-      : d(d_), m(m_), R(R_), blas(blas_), scale(T(std::pow(double(d_), -0.25))), e(2 * m_) {}
-  int64_t width() const { return 2 * m; }
-  FW_INLINE void begin(const T* rows, int64_t count, int64_t query_rows) {
-    X = rows;
-    queries = query_rows;
-    for (auto* buffer : {&U, &dU}) buffer->resize(count * m);
-    dUR.resize(count * d);
-    Phi.resize(count * 2 * m);
-    top.assign(count, -1);
-    mm_abt(count, m, d, rows, R, U.data(), blas);
-  }
-  FW_INLINE void prepare(const T* __restrict__ row) {
-    x = row;
-    n = (row - X) / d;
-    if (top[n] >= 0) return;
-    T* __restrict__ u = e.data();
-    const T* __restrict__ xr = U.data() + n * m;
-    const T h = T(0.5) * lane_sum<T>(d, [&](int64_t i) { return (row[i] * scale) * (row[i] * scale); });
-    for (int64_t j = 0; j < m; ++j) {
-      u[j] = xr[j] * scale - h;
-      u[m + j] = -xr[j] * scale - h;
-    }
-    T lo, c = T(0);
-    top[n] = 0;
-    if (n < queries) {
-      min_max(u, 2 * m, lo, c);
-      top[n] = std::find(u, u + 2 * m, c) - u;
-    }
-    T* __restrict__ p = Phi.data() + n * 2 * m;
-    exp_row(u, T(1), -c, p, 2 * m);
-    const T inv = T(1.0 / std::sqrt(double(2 * m)));
-    for (int64_t j = 0; j < 2 * m; ++j) p[j] *= inv;
-  }
-  FW_INLINE void phi(T* out) const { std::copy(Phi.data() + n * 2 * m, Phi.data() + (n + 1) * 2 * m, out); }
-  FW_INLINE void backward(const T* __restrict__ g, T* __restrict__ dx) {
-    T* __restrict__ de = e.data();
-    T* __restrict__ du = dU.data() + n * m;
-    const T* __restrict__ p = Phi.data() + n * 2 * m;
-    for (int64_t j = 0; j < 2 * m; ++j) de[j] = g[j] * p[j];
-    const bool query = n < queries;
-    const T total = sum(de, 2 * m), h_grad = query ? T(0) : -total * scale;
-    if (query) de[top[n]] -= total;
-    for (int64_t j = 0; j < m; ++j) du[j] = (de[j] - de[m + j]) * scale;
-    for (int64_t i = 0; i < d; ++i) dx[i] = h_grad * (x[i] * scale);
-  }
-  FW_INLINE void end(T* DX, int64_t count) {
-    mm_ab(count, d, m, dU.data(), R, dUR.data(), blas);
-    for (int64_t i = 0; i < count * d; ++i) DX[i] += dUR[i];
   }
 };
 

@@ -1,6 +1,7 @@
 // exp of a row, a vector of lanes at a time, for the feature maps that need it in the CPU kernels (map_rows.h:
-// Hedgehog's softmax, ELU+1's negative side). std::exp is a call per value that the compiler cannot vectorise
-// (libm's vector forms need -ffast-math): 128 calls a row made Hedgehog's map cost more than its products.
+// Hedgehog's softmax, ELU+1's negative side; FAVOR+'s pairs exp(u), exp(-u) from one range reduction). std::exp is
+// a call per value that the compiler cannot vectorise (libm's vector forms need -ffast-math): 128 calls a row made
+// Hedgehog's map cost more than its products.
 //
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (|r| <= ln 2 / 2, ln 2 in two parts so that n ln 2 is
 // exact), exp(r) by its Taylor polynomial to a remainder below half an ulp (degree 7 in float32, 13 in float64),
@@ -22,6 +23,7 @@ template <>
 struct ExpConstants<float> {
   using Int = int32_t;
   static constexpr float kLow = -87.0f, kHigh = 88.0f, kRound = 12582912.0f;  // 1.5 2^23
+  static constexpr float kPairMax = 80.0f;
   static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   static constexpr int kBits = 23, kBias = 127, kDegree = 7;
 };
@@ -30,6 +32,7 @@ template <>
 struct ExpConstants<double> {
   using Int = int64_t;
   static constexpr double kLow = -708.0, kHigh = 709.0, kRound = 6755399441055744.0;  // 1.5 2^52
+  static constexpr double kPairMax = 700.0;
   static constexpr double kLn2Hi = 0.693147180369123816490, kLn2Lo = 1.90821492927058770002e-10;
   static constexpr int kBits = 52, kBias = 1023, kDegree = 13;
 };
@@ -64,6 +67,38 @@ inline __attribute__((always_inline)) typename Lanes<T>::Vec exp_lanes(typename 
   std::memcpy(&scale, &scale_bits, sizeof scale);
   const Vec y = p * scale;
   return below ? zero : y;
+}
+
+// (exp(t), exp(-t)) of each lane of t, |t| <= kPairMax (2^n and 2^-n both normal, no clamp): one range reduction
+// t = n ln 2 + r for both, and exp(r), exp(-r) as E(r) + O(r) and E(r) - O(r), the even and odd parts of
+// exp_lanes's polynomial. A division exp(-t) = 1 / exp(t) instead cost FAVOR+'s row more than this whole pair
+template <typename T>
+inline __attribute__((always_inline)) void exp_pair_lanes(typename Lanes<T>::Vec t, typename Lanes<T>::Vec& pos,
+                                                          typename Lanes<T>::Vec& neg) {
+  using C = ExpConstants<T>;
+  using Vec = typename Lanes<T>::Vec;
+  typedef typename C::Int IntVec __attribute__((vector_size(32)));
+  static_assert(C::kDegree % 2 == 1, "the odd part ends at the polynomial's degree");
+  const Vec zero = {}, round_constant = zero + C::kRound;
+  const Vec rounded = t * T(1.4426950408889634) + C::kRound;  // as exp_lanes: n in the low bits
+  const Vec n = rounded - C::kRound;
+  const Vec r = t - n * C::kLn2Hi - n * C::kLn2Lo, r2 = r * r;
+  Vec even = zero + T(kInverseFactorials[C::kDegree - 1]), odd = zero + T(kInverseFactorials[C::kDegree]);
+  for (int k = C::kDegree - 3; k >= 0; k -= 2) {  // Horner's in r^2 for both parts
+    even = even * r2 + T(kInverseFactorials[k]);
+    odd = odd * r2 + T(kInverseFactorials[k + 1]);
+  }
+  odd = odd * r;
+  IntVec bits, round_bits;
+  std::memcpy(&bits, &rounded, sizeof bits);
+  std::memcpy(&round_bits, &round_constant, sizeof round_bits);
+  const IntVec power = bits - round_bits;  // n
+  const IntVec up_bits = (power + C::kBias) << C::kBits, down_bits = (C::kBias - power) << C::kBits;
+  Vec up, down;
+  std::memcpy(&up, &up_bits, sizeof up);
+  std::memcpy(&down, &down_bits, sizeof down);
+  pos = (even + odd) * up;
+  neg = (even - odd) * down;
 }
 
 // out[j] = exp(a x[j] + b), j < n (a = 1 or -1: Hedgehog's two halves)

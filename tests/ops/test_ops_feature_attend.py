@@ -105,23 +105,39 @@ def test_float32_is_close_to_float64(name):
     torch.testing.assert_close(ours, ref.float(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("name", ["elu", "hedgehog", "favor"])
-def test_the_maps_exp_where_it_underflows(name, dtype):
-    """Heads of every scale up to 800 (ELU+1, Hedgehog and FAVOR+ take exp of x, of x less its largest entry, of
-    R x' - |x'|^2 / 2): entries far below the largest give exp of 0 in the kernel as in torch, and the read and its
-    gradients stay those of the plain composition."""
-    q, k, v = inputs(2, 2, 9, 9, 16, 8, seed=11)
-    scale = torch.logspace(-2, 2.9, 16, dtype=torch.float64)  # one scale per entry of a head
-    q, k = ((x.detach() * scale).to(dtype).requires_grad_() for x in (q, k))
+def scaled_read_matches(name, scale, dtype, causal, seed, T):
+    """The sum read of heads (d = 16) multiplied by `scale` (broadcast over [T, d]) in `dtype`, and its gradients,
+    against the plain composition's (float32: to 1e-4)."""
+    q, k, v = inputs(2, 2, T, T, 16, 8, seed=seed)
+    q, k = ((x.detach() * scale).to(dtype).requires_grad_() for x in (q, k.flip(2)))
     v = v.detach().to(dtype).requires_grad_()
-    ours, ref = sum_read(q, k, v, 2, True, name), plain(q, k, v, 2, True, name=name)
+    ours, ref = sum_read(q, k, v, 2, causal, name), plain(q, k, v, 2, causal, name=name)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ours, ref, **tol)
     upstream = torch.randn_like(ref)
     for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v), upstream),
                              torch.autograd.grad(ref, (q, k, v), upstream)):
         torch.testing.assert_close(g_ours, g_ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["elu", "hedgehog", "favor"])
+def test_the_maps_exp_where_it_underflows(name, dtype):
+    """Heads of every scale up to 800 (ELU+1, Hedgehog and FAVOR+ take exp of x, of x less its largest entry, of
+    R x' - |x'|^2 / 2): entries far below the largest give exp of 0 in the kernel as in torch, and the read and its
+    gradients stay those of the plain composition."""
+    scale = torch.logspace(-2, 2.9, 16, dtype=torch.float64)  # one scale per entry of a head
+    scaled_read_matches(name, scale, dtype, True, seed=11, T=9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,top", [(torch.float64, 2.5), (torch.float32, 1.5)])
+def test_favor_rows_on_both_sides_of_the_paired_exp(dtype, top, causal):
+    """FAVOR+'s kernel takes exp(u) and exp(-u) from one range reduction where max |u| and a key's |x'|^2 / 2 are at
+    most a bound (80 in float32, 700 in float64), and each half's own exp past it: one scale per position, from 0.1
+    up, puts queries and keys on both sides (with d = 16, max |u| ~ 5 and |x'|^2 / 2 ~ 2 times the scale squared)."""
+    scale = torch.logspace(-1, top, 12, dtype=torch.float64)[:, None]  # [T, 1]: one scale per position
+    scaled_read_matches("favor", scale, dtype, causal, seed=5, T=12)
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
