@@ -69,23 +69,8 @@ struct FavorRow : RowDefaults {
       top[n] = u_max >= -u_min ? std::find(xr, xr + m, hi) - xr : m + (std::find(xr, xr + m, lo) - xr);
     T* __restrict__ p = Phi.data() + n * 2 * m;
     if (std::max(s, shift) <= ExpConstants<T>::kPairMax) {  // exp(+-u_j) and K normal
-      using Vec = typename Lanes<T>::Vec;
-      constexpr int64_t L = Lanes<T>::kWidth;
-      const T K = exp_lanes<T>(Vec{} - shift)[0] * inv;
-      int64_t j = 0;
-      for (; j + L <= m; j += L) {
-        Vec a, b;
-        exp_pair_lanes<T>(load(xr + j) * scale, a, b);
-        a *= K;
-        b *= K;
-        std::memcpy(p + j, &a, sizeof a);
-        std::memcpy(p + m + j, &b, sizeof b);
-      }
-      for (; j < m; ++j) {
-        const double u = double(xr[j] * scale);
-        p[j] = T(std::exp(u)) * K;
-        p[m + j] = T(std::exp(-u)) * K;
-      }
+      const T K = exp_lanes<T>(typename Lanes<T>::Vec{} - shift)[0] * inv;
+      exp_pair_row(xr, scale, T(0), K, p, p + m, m);
     } else {
       T* __restrict__ e = wide.data();
       for (int64_t j = 0; j < m; ++j) {

@@ -127,7 +127,8 @@ struct EluRow : RowDefaults {
 };
 
 // Hedgehog, E = 2d: phi = [softmax(x), softmax(-x)] over the row's d entries, each exp shifted by its half's largest
-// argument as torch.softmax is; dx = p (g - p . g) - p' (g' - p' . g') for the halves p, p' of phi and g, g' of g
+// argument as torch.softmax is, or both by the middle of the row's range, one exp_pair_lanes for the two, where half
+// the range is at most kPairMax; dx = p (g - p . g) - p' (g' - p' . g') for the halves p, p' of phi and g, g' of g
 template <typename T>
 struct HedgehogRow : RowDefaults {
   int64_t d;
@@ -138,8 +139,13 @@ struct HedgehogRow : RowDefaults {
     T lo, hi;
     min_max(x, d, lo, hi);
     T* __restrict__ h = p.data();
-    exp_row(x, T(1), -hi, h, d);  // exp(x - max x)
-    exp_row(x, T(-1), lo, h + d, d);  // exp(-x - max(-x))
+    const T middle = T(0.5) * (hi + lo), half = T(0.5) * (hi - lo);
+    if (half <= ExpConstants<T>::kPairMax) {  // exp(+-(x - middle)): the halves' shifts cancel in their sums
+      exp_pair_row(x, T(1), -middle, T(1), h, h + d, d);
+    } else {
+      exp_row(x, T(1), -hi, h, d);  // exp(x - max x)
+      exp_row(x, T(-1), lo, h + d, d);  // exp(-x - max(-x))
+    }
     const T inv = T(1) / sum(h, d), inv_neg = T(1) / sum(h + d, d);
     for (int64_t k = 0; k < d; ++k) {
       h[k] *= inv;

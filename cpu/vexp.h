@@ -101,6 +101,35 @@ inline __attribute__((always_inline)) void exp_pair_lanes(typename Lanes<T>::Vec
   neg = (even - odd) * down;
 }
 
+// pos[j] = exp(t) K and neg[j] = exp(-t) K, t = a x[j] + b, j < n, where every |t| <= kPairMax (exp_pair_lanes)
+template <typename T>
+inline __attribute__((always_inline)) void exp_pair_row(const T* __restrict__ x, T a, T b, T K, T* __restrict__ pos,
+                                                        T* __restrict__ neg, int64_t n) {
+  using Vec = typename Lanes<T>::Vec;
+  constexpr int64_t L = Lanes<T>::kWidth;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) {
+    Vec up, down;
+    exp_pair_lanes<T>(load(x + j) * a + b, up, down);
+    up *= K;
+    down *= K;
+    std::memcpy(pos + j, &up, sizeof up);
+    std::memcpy(neg + j, &down, sizeof down);
+  }
+  if (j < n) {  // the last n mod L values, through one vector padded with zeros
+    T tail[L] = {}, tail_neg[L];
+    std::memcpy(tail, x + j, (n - j) * sizeof(T));
+    Vec up, down;
+    exp_pair_lanes<T>(load(tail) * a + b, up, down);
+    up *= K;
+    down *= K;
+    std::memcpy(tail, &up, sizeof up);
+    std::memcpy(tail_neg, &down, sizeof down);
+    std::memcpy(pos + j, tail, (n - j) * sizeof(T));
+    std::memcpy(neg + j, tail_neg, (n - j) * sizeof(T));
+  }
+}
+
 // out[j] = exp(a x[j] + b), j < n (a = 1 or -1: Hedgehog's two halves)
 template <typename T>
 inline __attribute__((always_inline)) void exp_row(const T* __restrict__ x, T a, T b, T* __restrict__ out,

@@ -131,13 +131,15 @@ def test_the_maps_exp_where_it_underflows(name, dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype,top", [(torch.float64, 2.5), (torch.float32, 1.5)])
-def test_favor_rows_on_both_sides_of_the_paired_exp(dtype, top, causal):
-    """FAVOR+'s kernel takes exp(u) and exp(-u) from one range reduction where max |u| and a key's |x'|^2 / 2 are at
-    most a bound (80 in float32, 700 in float64), and each half's own exp past it: one scale per position, from 0.1
-    up, puts queries and keys on both sides (with d = 16, max |u| ~ 5 and |x'|^2 / 2 ~ 2 times the scale squared)."""
+@pytest.mark.parametrize("name,dtype,top", [("favor", torch.float64, 2.5), ("favor", torch.float32, 1.5),
+                                            ("hedgehog", torch.float64, 3.0), ("hedgehog", torch.float32, 2.5)])
+def test_rows_on_both_sides_of_the_paired_exp(name, dtype, top, causal):
+    """FAVOR+ and Hedgehog take exp(t) and exp(-t) from one range reduction where every |t| is at most a bound (80 in
+    float32, 700 in float64; FAVOR+: t = u, with a key's |x'|^2 / 2 within it too; Hedgehog: t = x less the middle
+    of the row's range), and each half's own exp past it: one scale per position, from 0.1 up, puts rows on both
+    sides (with d = 16, max |u| ~ 5 and |x'|^2 / 2 ~ 2 times the scale squared, Hedgehog's half range ~ 2.5 times)."""
     scale = torch.logspace(-1, top, 12, dtype=torch.float64)[:, None]  # [T, 1]: one scale per position
-    scaled_read_matches("favor", scale, dtype, causal, seed=5, T=12)
+    scaled_read_matches(name, scale, dtype, causal, seed=5, T=12)
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
