@@ -9,6 +9,7 @@
 // are then n itself. Below kLow (exp would be subnormal) the result is 0, above kHigh it is exp(kHigh).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -116,8 +117,9 @@ inline __attribute__((always_inline)) void exp_pair_row(const T* __restrict__ x,
     std::memcpy(pos + j, &up, sizeof up);
     std::memcpy(neg + j, &down, sizeof down);
   }
-  if (j < n) {  // the last n mod L values, through one vector padded with zeros
-    T tail[L] = {}, tail_neg[L];
+  if (j < n) {  // the last n mod L values, through one vector padded with the first of them (its t within bounds)
+    T tail[L], tail_neg[L];
+    std::fill(tail, tail + L, x[j]);
     std::memcpy(tail, x + j, (n - j) * sizeof(T));
     Vec up, down;
     exp_pair_lanes<T>(load(tail) * a + b, up, down);
