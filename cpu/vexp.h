@@ -1,7 +1,7 @@
-// exp of a row, a vector of lanes at a time, for the feature maps that need it in the CPU kernels (map_rows.h:
-// Hedgehog's softmax, ELU+1's negative side; FAVOR+'s pairs exp(u), exp(-u) from one range reduction). std::exp is
-// a call per value that the compiler cannot vectorise (libm's vector forms need -ffast-math): 128 calls a row made
-// Hedgehog's map cost more than its products.
+// exp of a row, a vector of lanes at a time, for the feature maps that need it in the CPU kernels (map_rows.h and
+// favor_row.h: ELU+1's negative side; Hedgehog's and FAVOR+'s pairs exp(t), exp(-t) from one range reduction).
+// std::exp is a call per value that the compiler cannot vectorise (libm's vector forms need -ffast-math): 128 calls
+// a row made Hedgehog's map cost more than its products.
 //
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (|r| <= ln 2 / 2, ln 2 in two parts so that n ln 2 is
 // exact), exp(r) by its Taylor polynomial to a remainder below half an ulp (degree 7 in float32, 13 in float64),
@@ -24,7 +24,7 @@ template <>
 struct ExpConstants<float> {
   using Int = int32_t;
   static constexpr float kLow = -87.0f, kHigh = 88.0f, kRound = 12582912.0f;  // 1.5 2^23
-  static constexpr float kPairMax = 80.0f;
+  static constexpr float kPairMax = 80.0f;  // exp_pair_lanes's |t|: 2^n and 2^-n both normal
   static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
   static constexpr int kBits = 23, kBias = 127, kDegree = 7;
 };
@@ -33,7 +33,7 @@ template <>
 struct ExpConstants<double> {
   using Int = int64_t;
   static constexpr double kLow = -708.0, kHigh = 709.0, kRound = 6755399441055744.0;  // 1.5 2^52
-  static constexpr double kPairMax = 700.0;
+  static constexpr double kPairMax = 700.0;  // the same in float64
   static constexpr double kLn2Hi = 0.693147180369123816490, kLn2Lo = 1.90821492927058770002e-10;
   static constexpr int kBits = 52, kBias = 1023, kDegree = 13;
 };
