@@ -184,18 +184,22 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
     """Generation's lazy step from the raw heads q, k [B, H, 1, d] (FeatureMap.raw_step: phi, its normalisation
     `norm` and, with `z_column` (the sum rule), v's ones column and the read's division by it, in the kernel):
     causal_step's o [B, H, 1, D] with the z column divided out, the buffer updated as causal_step updates it.
-    None where it does not apply (autograd, the first position, the state, the step that folds the cache, no
-    kernel): causal_step runs, the same function."""
+    None where it does not apply (autograd, the state, the step that folds the cache, no kernel): causal_step
+    runs, the same function."""
     past = buffer.get("keys")  # [B', H, t-1, C]: rows of hypotheses, or with a lineage the storages' (B' >= B)
     width = v.size(-1) + z_column  # the writes' M
-    if (not in_place() or q.size(2) != 1 or past is None or "state" in buffer
-            or not fits(past.size(2) + 1, phi.out_dim, width, phi.cache_width) or not phi.has_raw_step(q, past)):
+    if (not in_place() or q.size(2) != 1 or "state" in buffer
+            or not fits(1 if past is None else past.size(2) + 1, phi.out_dim, width, phi.cache_width)
+            or not phi.has_raw_step(q, q if past is None else past)):
         return None
+    positions = capacity(phi.out_dim, width, phi.cache_width)
+    if past is None:  # the first position: empty views of new storages, which the kernel's step starts
+        past = buffer["keys"] = q.new_empty((*q.shape[:2], positions, phi.cache_width))[:, :, :0]  # [B, H, 0, C]
+        buffer["writes"] = q.new_empty((*q.shape[:2], positions, width))[:, :, :0]  # [B, H, 0, M]
     beta, alpha = (*scalars, None, None)[:2]
     order = buffer.pop(ORDER, None)
     reorder_decay(buffer, order)
     decay = _decayed(buffer.get("decay"), alpha)
-    positions = capacity(phi.out_dim, width, phi.cache_width)
     # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced
     outs = grown(past, positions), grown(buffer["writes"], positions)
     o, lineage = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, buffer.pop(LINEAGE, None), outs,
