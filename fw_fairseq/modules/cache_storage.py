@@ -46,6 +46,12 @@ def grown(cache: Tensor, positions: int) -> Tensor:
     return cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
 
 
+def started(like: Tensor, rest: Tuple[int, ...], positions: int) -> Tensor:
+    """An empty cache [B, H, 0, *rest] (B, H and dtype those of like) in a new storage of max(positions, 2) positions,
+    which `grown` then fills from its start."""
+    return like.new_empty((*like.shape[:2], max(positions, 2), *rest))[:, :, :0]
+
+
 def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
     """cache [B, H, t, ...] (None: t = 0) with row [B, H, 1, ...] after it -> [B, H, t + 1, ...].
 
@@ -54,7 +60,7 @@ def append(cache: Optional[Tensor], row: Tensor, positions: int) -> Tensor:
     if not in_place():
         return row if cache is None else torch.cat([cache, row], dim=2)
     if cache is None:
-        cache = row.new_empty((*row.shape[:2], max(positions, 2), *row.shape[3:]))[:, :, :0]
+        cache = started(row, row.shape[3:], positions)
     longer = grown(cache, positions)
     longer[:, :, -1:] = row
     return longer

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from fw_fairseq.modules.buffer_order import CACHE, LINEAGE, ORDER, gather as _gather, reorder_decay, settle
-from fw_fairseq.modules.cache_storage import append, grown, in_place, spare_name, target
+from fw_fairseq.modules.cache_storage import append, grown, in_place, spare_name, started, target
 from fw_fairseq.ops import phi_scale
 from fw_fairseq.ops.step import step_in_place
 
@@ -194,14 +194,14 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
         return None
     positions = capacity(phi.out_dim, width, phi.cache_width)
     if past is None:  # the first position: empty views of new storages, which the kernel's step starts
-        past = buffer["keys"] = q.new_empty((*q.shape[:2], positions, phi.cache_width))[:, :, :0]  # [B, H, 0, C]
-        buffer["writes"] = q.new_empty((*q.shape[:2], positions, width))[:, :, :0]  # [B, H, 0, M]
+        past = buffer["keys"] = started(q, (phi.cache_width,), positions)  # [B, H, 0, C]
+        buffer["writes"] = started(q, (width,), positions)  # [B, H, 0, M]
     beta, alpha = (*scalars, None, None)[:2]
     order = buffer.pop(ORDER, None)
     reorder_decay(buffer, order)
     decay = _decayed(buffer.get("decay"), alpha)
     # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced
-    outs = grown(past, positions), grown(buffer["writes"], positions)
+    _, outs = _outs(None, past, buffer["writes"], positions)
     o, lineage = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, buffer.pop(LINEAGE, None), outs,
                               norm, z_column)
     _keep(buffer, None, *outs, _with_new_position(decay, alpha, positions))
