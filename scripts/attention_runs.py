@@ -1,5 +1,6 @@
 """One model of an attention comparison: fairseq-train for a fixed number of updates, with a progress bar
-and a validation-loss curve, then fairseq-generate on the test split and sacreBLEU.
+and a validation-loss curve, then fairseq-generate on the test split and sacreBLEU (and, where asked, the
+--lenpen that translates the valid split best, then the test split with it).
 
 A fixed number of updates (not a time budget) makes the result the same on a slow or busy machine as on
 a quiet one: only the wall time changes. Used by scripts/compare_attention.py and scripts/demo.py.
@@ -103,15 +104,20 @@ def _resumed_curve(log):
     return points
 
 
-def translate(data, checkpoint, out):
-    """fairseq-generate (beam 4) on the test split; returns the detokenised hypotheses in test order."""
+LENPEN = 0.6  # fairseq-generate's --lenpen for every model (the WMT recipe's), unless tune_lenpen picks one
+
+
+def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None):
+    """fairseq-generate (beam 4) on a split (torch threads: `threads`, else torch's default); returns the
+    detokenised hypotheses in the split's order."""
     args = [BIN / "fairseq-generate", data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
-            "--gen-subset", "test", "--beam", "4", "--lenpen", "0.6", "--batch-size", "64",
+            "--gen-subset", subset, "--beam", "4", "--lenpen", str(lenpen), "--batch-size", "64",
             "--required-batch-size-multiple", "1", "--remove-bpe",
             # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
             "--max-len-a", "1.2", "--max-len-b", "10"]
     with open(out, "w") as sink:
-        proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})))
     if proc.returncode != 0:
         sys.exit(f"fairseq-generate failed (exit {proc.returncode}); its log: {out}")
     hyps = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", Path(out).read_text(), flags=re.M))
@@ -123,6 +129,40 @@ def bleu(hypotheses, references):
     """Detokenised corpus sacreBLEU and its signature."""
     metric = sacrebleu.BLEU()
     return round(metric.corpus_score(hypotheses, [references]).score, 2), str(metric.get_signature())
+
+
+def lengths(hypotheses, references):
+    """BLEU's brevity penalty, the hypotheses' length over the references' and the 1- to 4-gram precisions
+    (sacreBLEU's 13a tokens): whether a BLEU difference is the n-grams' or the length's."""
+    score = sacrebleu.BLEU().corpus_score(hypotheses, [references])
+    return {"bp": round(score.bp, 4), "length_ratio": round(score.sys_len / score.ref_len, 4),
+            "precisions": [round(p, 2) for p in score.precisions]}
+
+
+def tune_lenpen(work, name, grid, threads=None):
+    """The run's record with "tuned": the --lenpen of `grid` with the best BLEU on the valid split (the first of
+    equals), and test BLEU and lengths with it; the valid split only picks it. Adds lengths() of the test
+    hypotheses at LENPEN. Kept in the record: a re-run with the same grid translates nothing."""
+    record_file = work / "runs" / f"{name}.json"
+    record = json.loads(record_file.read_text())
+    grid = sorted(set(grid))
+    references = {split: (work / f"raw/{split}.de").read_text().splitlines() for split in ("valid", "test")}
+    record.update(lengths(record["hypotheses"], references["test"]))
+    if record.get("tuned", {}).get("grid") == grid:
+        record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+        return record
+    checkpoint = work / "checkpoints" / name / "checkpoint_last.pt"
+    if not checkpoint.is_file():
+        sys.exit(f"{checkpoint} is missing: --lenpen-grid needs each run's checkpoint in --work-dir")
+    valid = {lenpen: bleu(translate(work / "data-bin", checkpoint, work / f"generate.{name}.valid.lp{lenpen}.txt",
+                                    "valid", lenpen, threads), references["valid"])[0] for lenpen in grid}
+    best = max(grid, key=lambda lenpen: (valid[lenpen], -grid.index(lenpen)))
+    hypotheses = record["hypotheses"] if best == LENPEN else translate(
+        work / "data-bin", checkpoint, work / f"generate.{name}.lp{best}.txt", "test", best, threads)
+    record["tuned"] = {"grid": grid, "valid_bleu": {str(k): v for k, v in valid.items()}, "lenpen": best,
+                       "bleu": bleu(hypotheses, references["test"])[0], **lengths(hypotheses, references["test"])}
+    record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    return record
 
 
 def train_and_score(work, name, flags, updates, valid_every, label=None, threads=None):
@@ -137,6 +177,7 @@ def train_and_score(work, name, flags, updates, valid_every, label=None, threads
     hypotheses = translate(work / "data-bin", record.pop("checkpoint"), work / f"generate.{name}.txt")
     references = (work / "raw/test.de").read_text().splitlines()
     record["bleu"], record["signature"] = bleu(hypotheses, references)
+    record.update(lengths(hypotheses, references))
     record.update(flags=[str(f) for f in flags], wall_seconds=round(time.time() - start, 1),
                   hypotheses=hypotheses)
     record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))

@@ -37,7 +37,13 @@ def summarise(results):
                       "loss_by_seed": {r["seed"]: r["curve"][-1][1] if r["curve"] else None for r in runs},
                       "bleu": statistics.fmean(bleus), "bleu_sd": statistics.pstdev(bleus),
                       "valid_loss": curve[-1][1] if curve else None,
-                      "seconds_per_update": _mean([r["seconds_per_update"] for r in runs]), "curve": curve}
+                      "seconds_per_update": _mean([r["seconds_per_update"] for r in runs]), "curve": curve,
+                      "length_ratio": _mean([r.get("length_ratio") for r in runs]),
+                      "precisions": [_mean(values) for values in zip(*(r["precisions"] for r in runs
+                                                                       if "precisions" in r))],
+                      "tuned_by_seed": {r["seed"]: r["tuned"]["bleu"] for r in runs if "tuned" in r},
+                      "tuned_lenpens": sorted({r["tuned"]["lenpen"] for r in runs if "tuned" in r}),
+                      "tuned_length_ratio": _mean([r["tuned"]["length_ratio"] for r in runs if "tuned" in r])}
     return rows
 
 
@@ -86,6 +92,7 @@ def table(results):
         lines += ["", f"Fast-weight rows: best {best} {_ratio_text(ratios[best])} softmax BLEU, "
                       f"worst {worst} {_ratio_text(ratios[worst])}."]
     lines += by_seed(rows, seeds)
+    lines += lengths(rows, seeds)
     lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
@@ -105,6 +112,36 @@ def by_seed(rows, seeds):
                  if s in row["bleu_by_seed"] and row["loss_by_seed"][s] is not None
                  else f"{row['bleu_by_seed'][s]:.2f}" if s in row["bleu_by_seed"] else "" for s in seeds]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def lengths(rows, seeds):
+    """Where runs recorded them: the test hypotheses' length over the references' (BLEU's brevity penalty takes
+    what falls short of 1) and n-gram precisions, and BLEU with the --lenpen each run picked on the valid split (--lenpen-grid), its
+    ratio to softmax's on the same seeds, and seed by seed."""
+    if not any(row["length_ratio"] is not None or row["tuned_by_seed"] for row in rows.values()):
+        return []
+    ref = rows["softmax"]
+    lines = ["", "Lengths, and the length penalty picked on the valid split (per run, from --lenpen-grid; the test "
+                 "split only scores it):", "", "| configuration | length ratio (--lenpen 0.6) | 1/2/3/4-gram "
+                 "precisions (--lenpen 0.6) | BLEU, --lenpen picked on valid | × softmax (same seeds) | --lenpen "
+                 "picked | length ratio with it |", "|---|---:|---:|---:|---:|---|---:|"]
+    for name, row in rows.items():
+        tuned = row["tuned_by_seed"]
+        bleu = statistics.fmean(tuned.values()) if tuned else None
+        paired = (bleu / statistics.fmean(ref["tuned_by_seed"][s] for s in tuned)
+                  if tuned and set(tuned) <= set(ref["tuned_by_seed"]) else None)
+        ratio = f"{row['length_ratio']:.3f}" if row["length_ratio"] is not None else "–"
+        tuned_ratio = f"{row['tuned_length_ratio']:.3f}" if row["tuned_length_ratio"] is not None else "–"
+        precisions = " / ".join(f"{p:.2f}" for p in row["precisions"]) or "–"
+        lines.append(f"| {name} | {ratio} | {precisions} | {'–' if bleu is None else f'{bleu:.2f}'} | "
+                     f"{_ratio_text(paired)} | "
+                     f"{', '.join(map(str, row['tuned_lenpens'])) or '–'} | {tuned_ratio} |")
+    if len(seeds) > 1 and any(row["tuned_by_seed"] for row in rows.values()):
+        lines += ["", "BLEU with the --lenpen picked on valid, seed by seed:", "",
+                  "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
+        lines += [f"| {name} | " + " | ".join(f"{row['tuned_by_seed'][s]:.2f}" if s in row["tuned_by_seed"] else ""
+                                             for s in seeds) + " |" for name, row in rows.items()]
     return lines
 
 

@@ -18,7 +18,8 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     work = tmp_path / "work"
     (work / "raw").mkdir(parents=True)
     (work / "data-bin").symlink_to(data_bin / "bin")
-    shutil.copy(data_bin / "test.de", work / "raw/test.de")
+    for split in ("valid", "test"):
+        shutil.copy(data_bin / f"{split}.de", work / f"raw/{split}.de")
     # small batches: an epoch of this corpus is many updates, so some log intervals are only training
     flags = compare_attention.model_flags("demo", "dpfp2-delta-dec-l2", seed=1) + ["--max-tokens", "128"]
     record = attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10)
@@ -32,12 +33,30 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     assert '"num_updates": "20"' in log and '"num_updates": "30"' not in log
     stored = json.loads((work / "runs/run.json").read_text())
     assert attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10) == stored  # reused
+    assert 0 < stored["bp"] <= 1 and stored["length_ratio"] > 0 and len(stored["precisions"]) == 4
+
+    # the length penalty: picked by BLEU on the valid split, the test split translated with it
+    tuned = attention_runs.tune_lenpen(work, "run", [2.0, 0.6])["tuned"]
+    assert tuned["grid"] == [0.6, 2.0] and set(tuned["valid_bleu"]) == {"0.6", "2.0"}
+    best = max(tuned["valid_bleu"].values())
+    assert tuned["valid_bleu"][str(tuned["lenpen"])] == best
+    assert tuned["lenpen"] == 0.6 or tuned["valid_bleu"]["0.6"] < best  # the first of equals
+    if tuned["lenpen"] == 2.0:
+        assert (work / "generate.run.lp2.0.txt").is_file()
+    assert 0 <= tuned["bleu"] <= 100 and 0 < tuned["bp"] <= 1
+    for lenpen in ("0.6", "2.0"):  # each candidate really translated the valid split with its --lenpen
+        log = (work / f"generate.run.valid.lp{lenpen}.txt").read_text()
+        assert f"'lenpen': {lenpen}" in log and "loaded 30 examples" in log
+    (work / "generate.run.valid.lp0.6.txt").unlink()
+    assert attention_runs.tune_lenpen(work, "run", [0.6, 2.0])["tuned"] == tuned  # kept: nothing translated again
+    assert not (work / "generate.run.valid.lp0.6.txt").exists()
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--configs", "softmax", "linear"], "unknown linear; allowed: softmax, elu-sum"),
     (["--configs", "dpfp2-sum"], "include softmax"),
     (["--updates", "5"], "--updates must be >= 10"),
+    (["--lenpen-grid", "0.6", "-1"], "argument --lenpen-grid: values must be >= 0"),
 ])
 def test_bad_arguments_stop_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):
