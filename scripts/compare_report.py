@@ -117,27 +117,32 @@ def by_seed(rows, seeds):
 
 def lengths(rows, seeds):
     """Where runs recorded them: the test hypotheses' length over the references' (BLEU's brevity penalty takes
-    what falls short of 1) and n-gram precisions, and BLEU with the --lenpen each run picked on the valid split (--lenpen-grid), its
-    ratio to softmax's on the same seeds, and seed by seed."""
+    what falls short of 1) and n-gram precisions, and where runs picked a --lenpen on the valid split
+    (--lenpen-grid), BLEU with it, its ratio to softmax's on the same seeds, and seed by seed."""
     if not any(row["length_ratio"] is not None or row["tuned_by_seed"] for row in rows.values()):
         return []
+    tuned_any = any(row["tuned_by_seed"] for row in rows.values())
     ref = rows["softmax"]
+    header = "| configuration | length ratio (--lenpen 0.6) | 1/2/3/4-gram precisions (--lenpen 0.6) |"
+    if tuned_any:
+        header += " BLEU, --lenpen picked on valid | × softmax (same seeds) | --lenpen picked | length ratio with it |"
     lines = ["", "Lengths, and the length penalty picked on the valid split (per run, from --lenpen-grid; the test "
-                 "split only scores it):", "", "| configuration | length ratio (--lenpen 0.6) | 1/2/3/4-gram "
-                 "precisions (--lenpen 0.6) | BLEU, --lenpen picked on valid | × softmax (same seeds) | --lenpen "
-                 "picked | length ratio with it |", "|---|---:|---:|---:|---:|---|---:|"]
+                 "split only scores it):" if tuned_any else "Lengths of the test translations:", "", header,
+             "|---|---:|---:|" + ("---:|---:|---|---:|" if tuned_any else "")]
     for name, row in rows.items():
-        tuned = row["tuned_by_seed"]
-        bleu = statistics.fmean(tuned.values()) if tuned else None
-        paired = (bleu / statistics.fmean(ref["tuned_by_seed"][s] for s in tuned)
-                  if tuned and set(tuned) <= set(ref["tuned_by_seed"]) else None)
         ratio = f"{row['length_ratio']:.3f}" if row["length_ratio"] is not None else "–"
-        tuned_ratio = f"{row['tuned_length_ratio']:.3f}" if row["tuned_length_ratio"] is not None else "–"
         precisions = " / ".join(f"{p:.2f}" for p in row["precisions"]) or "–"
-        lines.append(f"| {name} | {ratio} | {precisions} | {'–' if bleu is None else f'{bleu:.2f}'} | "
-                     f"{_ratio_text(paired)} | "
+        line = f"| {name} | {ratio} | {precisions} |"
+        tuned = row["tuned_by_seed"]
+        if tuned_any:
+            bleu = statistics.fmean(tuned.values()) if tuned else None
+            paired = (bleu / statistics.fmean(ref["tuned_by_seed"][s] for s in tuned)
+                      if tuned and set(tuned) <= set(ref["tuned_by_seed"]) else None)
+            tuned_ratio = f"{row['tuned_length_ratio']:.3f}" if row["tuned_length_ratio"] is not None else "–"
+            line += (f" {'–' if bleu is None else f'{bleu:.2f}'} | {_ratio_text(paired)} | "
                      f"{', '.join(map(str, row['tuned_lenpens'])) or '–'} | {tuned_ratio} |")
-    if len(seeds) > 1 and any(row["tuned_by_seed"] for row in rows.values()):
+        lines.append(line)
+    if len(seeds) > 1 and tuned_any:
         lines += ["", "BLEU with the --lenpen picked on valid, seed by seed:", "",
                   "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
         lines += [f"| {name} | " + " | ".join(f"{row['tuned_by_seed'][s]:.2f}" if s in row["tuned_by_seed"] else ""

@@ -75,3 +75,21 @@ def test_committed_tables_are_generated_from_the_committed_results(tmp_path):
         assert "| softmax | softmax |" in text and "1.00×" in text
         # several seeds: each row's BLEU and valid loss seed by seed, one column per seed
         assert ("seed by seed" in text) == (len({r["seed"] for r in data["runs"]}) > 1)
+
+
+def test_the_lengths_section_shows_what_the_runs_recorded():
+    def run(config, bleu, ratio, tuned=None):
+        record = {"config": config, "seed": 1, "curve": [[10, 5.0]], "seconds_per_update": 0.1, "bleu": bleu,
+                  "length_ratio": ratio, "precisions": [50.0, 30.0, 20.0, 10.0]}
+        return {**record, "tuned": tuned} if tuned else record
+    results = {"preset": "demo", "updates": 10, "cpu_count": 2, "torch": "x", "jobs": 1, "seeds": [1],
+               "configs": {"softmax": {"kind": "softmax", "flags": []}, "dpfp2-sum": {"kind": "fast", "flags": []}},
+               "runs": [run("softmax", 20.0, 0.9), run("dpfp2-sum", 21.0, 0.8)]}
+    text = compare_report.table(results)
+    assert "Lengths of the test translations:" in text and "picked on valid" not in text
+    assert "| dpfp2-sum | 0.800 | 50.00 / 30.00 / 20.00 / 10.00 |" in text
+    tuned = {"grid": [0.6, 1.0], "lenpen": 1.0, "bleu": 22.0, "length_ratio": 0.85, "bp": 0.84}
+    results["runs"] = [run("softmax", 20.0, 0.9, {**tuned, "bleu": 20.0, "lenpen": 0.6}),
+                       run("dpfp2-sum", 21.0, 0.8, tuned)]
+    text = compare_report.table(results)
+    assert "| dpfp2-sum | 0.800 | 50.00 / 30.00 / 20.00 / 10.00 | 22.00 | 1.10× | 1.0 | 0.850 |" in text
