@@ -145,7 +145,8 @@ def parse_args(argv=None):
     if args.updates < 10 or args.jobs < 1:
         parser.error("--updates must be >= 10 and --jobs >= 1")
     if args.lenpen_grid and min(args.lenpen_grid) < 0:
-        parser.error(f"argument --lenpen-grid: values must be >= 0 (fairseq-generate's --lenpen), got {args.lenpen_grid}")
+        parser.error("argument --lenpen-grid: values must be >= 0 (fairseq-generate's --lenpen), "
+                     f"got {' '.join(map(str, args.lenpen_grid))}")
     return args
 
 
