@@ -8,8 +8,9 @@
 // backward 2.6x faster than SSE2 on the 2-core CPU, and a build may run on another machine than the one
 // it was made on. An AVX-512 clone (x86-64-v4) scored the decoding cache 2% faster there: not worth a third.
 // With vexp.h's exp on 64-byte vectors it took FAVOR+'s training read ~20% faster forward (its update 1.20-1.22x
-// softmax -> 1.18x, before favor_row.h's paired exp made the exp a smaller part of it), but the same 64-byte vectors in the x86-64-v3 clone ran that read 2.3x slower: a vector width
-// per clone needs a dispatch of its own, not target_clones.
+// softmax -> 1.18x, before favor_row.h's paired exp made the exp a smaller part of it), but the same 64-byte
+// vectors in the x86-64-v3 clone ran that read 2.3x slower: a vector width per clone needs a dispatch of its own,
+// not target_clones.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FW_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else

@@ -125,42 +125,41 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None)
     return [detok.detokenize(hyps[str(i)].split()) for i in range(len(hyps))]
 
 
-def bleu(hypotheses, references):
-    """Detokenised corpus sacreBLEU and its signature."""
+def score(hypotheses, references):
+    """Detokenised corpus sacreBLEU and its signature, with its brevity penalty, the hypotheses' length over the
+    references' and the 1- to 4-gram precisions (sacreBLEU's 13a tokens): whether a BLEU difference is the n-grams'
+    or the length's."""
     metric = sacrebleu.BLEU()
-    return round(metric.corpus_score(hypotheses, [references]).score, 2), str(metric.get_signature())
-
-
-def lengths(hypotheses, references):
-    """BLEU's brevity penalty, the hypotheses' length over the references' and the 1- to 4-gram precisions
-    (sacreBLEU's 13a tokens): whether a BLEU difference is the n-grams' or the length's."""
-    score = sacrebleu.BLEU().corpus_score(hypotheses, [references])
-    return {"bp": round(score.bp, 4), "length_ratio": round(score.sys_len / score.ref_len, 4),
-            "precisions": [round(p, 2) for p in score.precisions]}
+    result = metric.corpus_score(hypotheses, [references])
+    return {"bleu": round(result.score, 2), "signature": str(metric.get_signature()), "bp": round(result.bp, 4),
+            "length_ratio": round(result.sys_len / result.ref_len, 4),
+            "precisions": [round(p, 2) for p in result.precisions]}
 
 
 def tune_lenpen(work, name, grid, threads=None):
     """The run's record with "tuned": the --lenpen of `grid` with the best BLEU on the valid split (the first of
-    equals), and test BLEU and lengths with it; the valid split only picks it. Adds lengths() of the test
-    hypotheses at LENPEN. Kept in the record: a re-run with the same grid translates nothing."""
+    equals), and test score() with it; the valid split only picks it. Adds the lengths and precisions of the test
+    hypotheses at LENPEN to a record made before train_and_score kept them. Kept in the record: a re-run with the
+    same grid translates nothing."""
     record_file = work / "runs" / f"{name}.json"
     record = json.loads(record_file.read_text())
     grid = sorted(set(grid))
     references = {split: (work / f"raw/{split}.de").read_text().splitlines() for split in ("valid", "test")}
-    record.update(lengths(record["hypotheses"], references["test"]))
+    if "precisions" not in record:
+        record.update(score(record["hypotheses"], references["test"]))
     if record.get("tuned", {}).get("grid") == grid:
         record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
         return record
     checkpoint = work / "checkpoints" / name / "checkpoint_last.pt"
     if not checkpoint.is_file():
         sys.exit(f"{checkpoint} is missing: --lenpen-grid needs each run's checkpoint in --work-dir")
-    valid = {lenpen: bleu(translate(work / "data-bin", checkpoint, work / f"generate.{name}.valid.lp{lenpen}.txt",
-                                    "valid", lenpen, threads), references["valid"])[0] for lenpen in grid}
+    valid = {lenpen: score(translate(work / "data-bin", checkpoint, work / f"generate.{name}.valid.lp{lenpen}.txt",
+                                     "valid", lenpen, threads), references["valid"])["bleu"] for lenpen in grid}
     best = max(grid, key=lambda lenpen: (valid[lenpen], -grid.index(lenpen)))
     hypotheses = record["hypotheses"] if best == LENPEN else translate(
         work / "data-bin", checkpoint, work / f"generate.{name}.lp{best}.txt", "test", best, threads)
     record["tuned"] = {"grid": grid, "valid_bleu": {str(k): v for k, v in valid.items()}, "lenpen": best,
-                       "bleu": bleu(hypotheses, references["test"])[0], **lengths(hypotheses, references["test"])}
+                       **score(hypotheses, references["test"])}
     record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
     return record
 
@@ -176,8 +175,7 @@ def train_and_score(work, name, flags, updates, valid_every, label=None, threads
                    work / f"train.{name}.log", label or name, threads)
     hypotheses = translate(work / "data-bin", record.pop("checkpoint"), work / f"generate.{name}.txt")
     references = (work / "raw/test.de").read_text().splitlines()
-    record["bleu"], record["signature"] = bleu(hypotheses, references)
-    record.update(lengths(hypotheses, references))
+    record.update(score(hypotheses, references))
     record.update(flags=[str(f) for f in flags], wall_seconds=round(time.time() - start, 1),
                   hypotheses=hypotheses)
     record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
