@@ -57,9 +57,9 @@ def settle(buffer: dict):
         buffer[spare_name(name)], buffer[name] = cache, out
 
 
-def reorder_buffer(buffer: dict, new_order: Tensor) -> bool:
-    """Beam search's reorder (and pruning) of a FastWeightAttention's buffer: its rows `new_order` [B'] of every
-    cached tensor (batch is dim 0 of each); whether anything changed. The decoder state's is left to the next step
+def reorder_buffer(buffer: dict, new_order: Tensor):
+    """Beam search's reorder (and pruning) of a FastWeightAttention's buffer, in place: its rows `new_order` [B'] of
+    every cached tensor (batch is dim 0 of each). The decoder state's is left to the next step
     in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
     of hypotheses that read the same row (a sentence's beams), copied only when such groups leave or split."""
     # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
@@ -70,7 +70,7 @@ def reorder_buffer(buffer: dict, new_order: Tensor) -> bool:
     hypotheses = deferred.size(0) if deferred is not None else next(
         x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
     if new_order.numel() == hypotheses and torch.equal(new_order, torch.arange(hypotheses, device=new_order.device)):
-        return False
+        return
     memory, rows = buffer.get("memory"), buffer.get("memory_rows")
     for name, tensor in list(buffer.items()):
         if tensor is None or name in ("memory", LINEAGE) or name in spares:
@@ -86,4 +86,3 @@ def reorder_buffer(buffer: dict, new_order: Tensor) -> bool:
     if memory is not None and rows is not None and not torch.equal(buffer["memory_rows"], rows):
         beam = rows.numel() // memory.size(0)  # hypotheses per memory row before reordering
         buffer["memory"], buffer["memory_rows"] = regroup(memory, buffer["memory_rows"], beam)
-    return True

@@ -26,24 +26,24 @@ def spare_name(name: str) -> str:
 def room(cache: Tensor) -> int:
     """How many positions the storage under cache [B, H, t, ...] holds from its start on dim 2:
     cap when it is the [:, :, :t] view of a [B' >= B, H, cap, ...] storage, else t."""
-    row = math.prod(cache.shape[3:])
-    B, H = cache.shape[:2]
-    cap = cache.stride(1) // max(row, 1)
-    laid_out = (cache.storage_offset() == 0 and cache.stride(0) == H * cache.stride(1)
-                and cache.stride(1) == cap * row and cache.stride(2) == row
-                and cache.untyped_storage().nbytes() >= B * cache.stride(0) * cache.element_size())
-    return cap if laid_out and cap >= cache.size(2) else cache.size(2)
+    B, H, t, *rest = cache.shape  # one call for the shape and one for the strides: a decoding step pays for each
+    s0, s1, s2, *_ = cache.stride()
+    row = max(math.prod(rest), 1)
+    cap = s1 // row
+    laid_out = (s2 == row and s1 == cap * row and s0 == H * s1 and cache.storage_offset() == 0
+                and cache.untyped_storage().nbytes() >= B * s0 * cache.element_size())
+    return cap if laid_out and cap >= t else t
 
 
 def grown(cache: Tensor, positions: int) -> Tensor:
     """Generation: cache [B, H, t, ...] -> the view of its first t + 1 positions (position t not written), in
     its own storage when that has room, else in a new one of max(positions, 2 (t + 1)) positions."""
-    t = cache.size(2)
+    B, H, t, *rest = cache.shape
     if room(cache) <= t:
-        storage = cache.new_empty((*cache.shape[:2], max(positions, 2 * (t + 1)), *cache.shape[3:]))
+        storage = cache.new_empty((B, H, max(positions, 2 * (t + 1)), *rest))
         storage[:, :, :t] = cache
         cache = storage[:, :, :t]
-    return cache.as_strided((*cache.shape[:2], t + 1, *cache.shape[3:]), cache.stride())
+    return cache.as_strided((B, H, t + 1, *rest), cache.stride())
 
 
 def started(like: Tensor, rest: Tuple[int, ...], positions: int) -> Tensor:

@@ -188,25 +188,30 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
     runs, the same function."""
     past = buffer.get("keys")  # [B', H, t-1, C]: rows of hypotheses, or with a lineage the storages' (B' >= B)
     width = v.size(-1) + z_column  # the writes' M
-    if (not in_place() or q.size(2) != 1 or "state" in buffer
-            or not fits(1 if past is None else past.size(2) + 1, phi.out_dim, width, phi.cache_width)
+    positions = capacity(phi.out_dim, width, phi.cache_width)  # a step over t positions fits while t <= positions
+    if (not in_place() or q.size(2) != 1 or "state" in buffer or (0 if past is None else past.size(2)) >= positions
             or not phi.has_raw_step(q, q if past is None else past)):
         return None
-    positions = capacity(phi.out_dim, width, phi.cache_width)
     if past is None:  # the first position: empty views of new storages, which the kernel's step starts
         past = buffer["keys"] = started(q, (phi.cache_width,), positions)  # [B, H, 0, C]
         buffer["writes"] = started(q, (width,), positions)  # [B, H, 0, M]
     beta, alpha = (*scalars, None, None)[:2]
     order = buffer.pop(ORDER, None)
-    reorder_decay(buffer, order)
-    decay = _decayed(buffer.get("decay"), alpha)
-    # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced
-    _, outs = _outs(None, past, buffer["writes"], positions)
-    o, lineage = phi.raw_step(q, k, v, beta, past, buffer["writes"], decay, order, buffer.pop(LINEAGE, None), outs,
-                              norm, z_column)
-    _keep(buffer, None, *outs, _with_new_position(decay, alpha, positions))
-    if lineage is not None:
-        buffer[LINEAGE] = lineage
+    if order is not None:
+        reorder_decay(buffer, order)
+    decay = None if alpha is None else _decayed(buffer.get("decay"), alpha)
+    # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced. The kernel
+    # makes the views of t positions [B', H, t, .] where the storages have room, else they grow here first
+    lineage, writes = buffer.pop(LINEAGE, None), buffer["writes"]  # [B, t-1] or None
+    o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage, None, norm, z_column)
+    if o is None:
+        o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage,
+                                       (grown(past, positions), grown(writes, positions)), norm, z_column)
+    buffer["keys"], buffer["writes"] = outs
+    if alpha is not None:
+        buffer["decay"] = _with_new_position(decay, alpha, positions)
+    if after is not None:  # [B, t]
+        buffer[LINEAGE] = after
     return o
 
 

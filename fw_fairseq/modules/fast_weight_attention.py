@@ -36,6 +36,7 @@ from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_atte
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
 _HALF = (torch.float16, torch.bfloat16)
+_NO_CONTEXT = nullcontext()  # reusable: no object made per call
 
 
 class Projected(NamedTuple):
@@ -56,7 +57,7 @@ class Writes(NamedTuple):
 def _without_autocast(device_type: str):
     """A context that switches autocast off where it is on; nothing where it is off (generation's usual case:
     entering and leaving an autocast context costs a decoding step's attention call several microseconds)."""
-    return torch.autocast(device_type=device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False) if torch.is_autocast_enabled(device_type) else _NO_CONTEXT
 
 
 @with_incremental_state
@@ -124,8 +125,10 @@ class FastWeightAttention(nn.Module):
 
     def _heads(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         length, bsz, _ = x.shape
-        # [T, B, C] -> [T, B, H, D] -> [B, H, T, D]
-        return x.view(length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3).to(dtype)
+        # [T, B, C] -> [T, B, H, D] -> [B, H, T, D]; a step's [1, B, C] is [B, H, 1, D] in memory: one op, one view
+        x = x.view(bsz, self.num_heads, 1, self.head_dim) if length == 1 else x.view(
+            length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+        return x if x.dtype == dtype else x.to(dtype)
 
     def _features(self, heads: Tensor, is_query: bool) -> Tensor:
         """[B, H, T, D] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
@@ -142,10 +145,11 @@ class FastWeightAttention(nn.Module):
         """The written positions' raw keys, values and scalars, head-first; phi_k None (_with_features adds it)."""
         keys = self._heads(projected.k, dtype)  # [B, H, S, D]
         v = self._heads(projected.v, dtype)  # [B, H, S, D]
-        scales = {"beta": self.beta_max, "alpha": 1.0}
         # [S, B, H] -> [B, H, S]; a scale of 1 (the usual beta_max, alpha) skips an op a decoding step pays for
-        scalars = [torch.sigmoid(logits.to(dtype)).permute(1, 2, 0) for logits in projected.scalar_logits]
-        scalars = [x if scales[name] == 1 else scales[name] * x for name, x in zip(self.rule.scalars, scalars)]
+        scalars = [torch.sigmoid(logits if logits.dtype == dtype else logits.to(dtype)).permute(1, 2, 0)
+                   for logits in projected.scalar_logits]
+        if self.beta_max != 1:
+            scalars = [self.beta_max * x if name == "beta" else x for name, x in zip(self.rule.scalars, scalars)]
         if key_padding_mask is not None:
             # A padded position writes nothing when its value row (and z entry, _with_features) is zero and
             # its scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
@@ -167,8 +171,8 @@ class FastWeightAttention(nn.Module):
         """The normalisation of phi of keys and queries (--fw-delta-norm) where the rule has one, else None."""
         return self.delta_norm if self.rule.normalised_phi else None
 
-    def _raw_read(self, q_heads: Tensor, writes: Optional[Writes], key_padding_mask: Optional[Tensor], buffer,
-                  incremental_state) -> Optional[Tensor]:
+    def _raw_read(self, q_heads: Tensor, writes: Optional[Writes], key_padding_mask: Optional[Tensor],
+                  buffer) -> Optional[Tensor]:
         """The read [B, H, T, D] (the z column divided out) from the raw heads in one op where the feature map has it
         (the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else None: a short sequence's in training and
         validation (FeatureMap.short_read); in generation, the decoder self-attention's step over the lazy cache
@@ -183,16 +187,15 @@ class FastWeightAttention(nn.Module):
             return self.phi.raw_source_read(q_heads, memory, self._phi_norm, self.rule.z_column)
         if writes is None or self.path != CAUSAL or key_padding_mask is not None:  # a padded step's z entry is 0
             return None
-        o = raw_causal_step(buffer, self.phi, self._phi_norm, q_heads, writes.keys, writes.v, writes.scalars,
-                            self.rule.z_column)
-        if o is not None:
-            self._set_input_buffer(incremental_state, buffer)
-        return o
+        return raw_causal_step(buffer, self.phi, self._phi_norm, q_heads, writes.keys, writes.v, writes.scalars,
+                               self.rule.z_column)
 
-    def _merge(self, o: Tensor) -> Tensor:
-        """[B, H, T, D] read-out -> [T, B, C]."""
+    def _merge(self, o: Tensor, dtype: torch.dtype) -> Tensor:
+        """[B, H, T, D] read-out -> [T, B, C] of dtype."""
         bsz, _, length, _ = o.shape
-        return o.permute(2, 0, 1, 3).reshape(length, bsz, self.embed_dim)  # [T, B, C]
+        # a decoding step's [B, H, 1, D] is [1, B, C] in memory
+        o = (o if length == 1 else o.permute(2, 0, 1, 3)).reshape(length, bsz, self.embed_dim)
+        return o if o.dtype == dtype else o.to(dtype)
 
     # ---------------------------------------------------------------- fairseq interface
 
@@ -235,39 +238,36 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, dtype)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
-            o = self._raw_read(q_heads, writes, key_padding_mask, buffer, incremental_state)
+            o = self._raw_read(q_heads, writes, key_padding_mask, buffer)
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
                 writes = self._with_features(writes, key_padding_mask) if writes is not None else None
                 if cached:
-                    o = self._read_source(phi_q, writes, beam, buffer, incremental_state)
+                    o = self._read_source(phi_q, writes, beam, buffer)
                 elif self.path == CAUSAL:
-                    o = self._causal(phi_q, writes, buffer, incremental_state)
+                    o = self._causal(phi_q, writes, buffer)
                 else:
                     # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
                     # may pick (q k^T) v for short sequences
                     o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
                 if self.rule.z_column:
                     o = divide_by_z(o)  # [B, H, T, D]
-            o = self._merge(o).to(q.dtype)  # [T, B, C]
+            o = self._merge(o, q.dtype)  # [T, B, C]
         if self.encoder_conv is not None:  # only on the encoder path, where query, key and value are one x
             o = o + self.encoder_conv(projected.v, key_padding_mask)
         return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
 
-    def _causal(self, phi_q: Tensor, writes: Writes, buffer, incremental_state) -> Tensor:
+    def _causal(self, phi_q: Tensor, writes: Writes, buffer) -> Tensor:
         """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the
         lazy cache (the keys as the feature map keeps them, and the writes: decoder_state.py) while a
         step over it reads fewer values than the [E, M] state, or the state: the buffer holds whichever
         is live."""
         if buffer is None:
             return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        o = causal_step(buffer, self.rule, self.phi, self._phi_norm, phi_q, writes.phi_k, writes.v, writes.keys,
-                        writes.scalars)
-        self._set_input_buffer(incremental_state, buffer)
-        return o
+        return causal_step(buffer, self.rule, self.phi, self._phi_norm, phi_q, writes.phi_k, writes.v, writes.keys,
+                           writes.scalars)
 
-    def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer,
-                     incremental_state) -> Tensor:
+    def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer) -> Tensor:
         """Cross-attention in generation: the source is fixed, so it is written once per sentence
         (`writes` is None once it is cached) and read by every step of every beam. "memory" holds
         its memory [B / beam, H, E, M] or, for short sources, its keys' features and effective
@@ -275,7 +275,6 @@ class FastWeightAttention(nn.Module):
         if writes is not None:
             memory = write_source(self.rule, writes.phi_k, writes.v, *writes.scalars)
             buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
-            self._set_input_buffer(incremental_state, buffer)
         return read_per_sentence(read_source, phi_q, buffer["memory"])
 
     # ------------------------------------------------------------ beam search
@@ -290,12 +289,13 @@ class FastWeightAttention(nn.Module):
         """Beam search reorders (and prunes) hypotheses: batch is dim 0 of every cached tensor
         (buffer_order.reorder_buffer)."""
         buffer = self._get_input_buffer(incremental_state)
-        if buffer and reorder_buffer(buffer, new_order):
-            self._set_input_buffer(incremental_state, buffer)
+        if buffer:
+            reorder_buffer(buffer, new_order)
 
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        """This layer's buffer, a new one kept in incremental_state at the first call: steps update the dict itself."""
         result = self.get_incremental_state(incremental_state, "fw_state")
-        return result if result is not None else {}
-
-    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
-        return self.set_incremental_state(incremental_state, "fw_state", buffer)
+        if result is None:
+            result = {}
+            self.set_incremental_state(incremental_state, "fw_state", result)
+        return result

@@ -136,7 +136,8 @@ class FeatureMap(nn.Module, abc.ABC):
     def raw_step(self, q, k, v, beta, cached, writes, decay, order, lineage, outs, norm, z_column):
         """cached_step from the raw rows q, k [B, H, 1, d_key] in one kernel call that forms phi itself (normalised
         by `norm`) and, with `z_column` (the sum rule), adds the ones column to v [B, H, 1, D] and divides the read
-        by it: (o [B, H, 1, D], the next lineage or None; ops.step.raw_lazy_step). Where has_raw_step."""
+        by it: (o [B, H, 1, D], the next lineage or None, the outs; ops.step.raw_lazy_step, also for outs None).
+        Where has_raw_step."""
         return raw_lazy_step(self.kernel_map, self.kernel_nu, self.kernel_projection, q, k, v, beta, cached, writes,
                              decay, order, lineage, outs, norm, z_column)
 

@@ -128,3 +128,47 @@ def test_raw_source_read_refuses_bad_arguments_in_one_line(source, map, message)
     q = torch.randn(4, 2, 1, 4, dtype=torch.float64)  # ELU+1: E = 4; the cache form [R, H, S, E + M]
     with pytest.raises(RuntimeError, match=message):
         cpu_kernel(q).raw_source_read(q, source, map, 0, None, 0, 1e-6, False, 1e-6)
+
+
+def test_without_outs_the_step_appends_in_the_storages_where_they_have_room():
+    """outs None: the kernel makes the views of t + 1 positions of the caches' own storages and steps as with them
+    given; storages without room for position t (a cache of exactly t positions) run nothing and return None."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 1, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    storages = [torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(2)]  # ELU+1: C = E = 4
+    keys, writes = (x[:, :, :2] for x in storages)
+    args = (None, keys, writes, None, 1, 0, None, None, None)
+    given = [x.clone() for x in storages]
+    want, _, *_ = cpu_kernel(q).raw_lazy_step(q, k, v, *args, *(x[:, :, :3] for x in given), 0, 1e-6, False, 1e-6)
+    o, lineage, keys_out, writes_out = cpu_kernel(q).raw_lazy_step(q, k, v, *args, None, None, 0, 1e-6, False, 1e-6)
+    torch.testing.assert_close(o, want, rtol=0, atol=0)
+    assert lineage is None
+    for out, storage, expected in zip((keys_out, writes_out), storages, given):
+        assert out.shape == (2, 2, 3, 4) and out.data_ptr() == storage.data_ptr()
+        torch.testing.assert_close(storage, expected, rtol=0, atol=0)  # position 2 written, nothing else
+    full = [x.clone() for x in storages]  # caches of 5 positions in storages of 5: no room for a sixth
+    assert cpu_kernel(q).raw_lazy_step(q, k, v, None, *full, None, 1, 0, None, None, None, None, None, 0, 1e-6, False,
+                                       1e-6) == (None, None, None, None)
+
+
+@pytest.mark.parametrize("feature_map,rule", [("dpfp", "delta"), ("elu", "sum")])
+def test_a_cache_without_room_grows_and_decodes_the_same(feature_map, rule):
+    """Caches whose storages hold exactly their t positions (not laid out by cache_storage) take the step's fallback:
+    grown in Python, then the same raw step; the outputs equal those of the usual decoding."""
+    layer = _layer(feature_map, rule, "sum")
+    xs = torch.randn(4, B, C, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def decode(exact_at):
+        state, outputs = {}, []
+        with torch.no_grad():
+            for t, x in enumerate(xs.split(1)):
+                if t == exact_at:  # the cache as tensors of exactly t positions: no room for position t
+                    buffer = layer._get_input_buffer(state)
+                    buffer["keys"], buffer["writes"] = buffer["keys"].clone(), buffer["writes"].clone()
+                outputs.append(layer(x, x, x, incremental_state=state)[0])
+        return outputs, layer._get_input_buffer(state)["keys"]
+
+    (got, keys), (want, _) = decode(exact_at=2), decode(exact_at=None)
+    assert keys.size(2) == 4 and keys.stride(1) > 4 * keys.size(3)  # grown into a storage with room again
+    for t, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t + 1}: {m}")
