@@ -32,14 +32,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("nu"), py::arg("order") = py::none(), py::arg("keys_out") = py::none(),
         py::arg("writes_out") = py::none(), py::arg("key") = py::none(), py::arg("norm") = 0, py::arg("eps") = 1e-6);
   m.def("raw_lazy_step", &raw_lazy_step, "lazy_step from the raw rows q, k [B, H, 1, d] of a map (feature_attend_"
-        "forward's codes), phi normalised by norm, with the sum rule's z column (z_column); traced (order or lineage, "
-        "the outs the caches' own storages) a reorder copies no row; without outs, position t goes into the caches' "
-        "storages where they have room: (o [B, H, 1, D] or None where they have none, the next lineage or None, "
-        "keys_out, writes_out)",
+        "forward's codes), phi normalised by norm, with the sum rule's z column (z_column), appending in the caches' "
+        "storages (traced with order or lineage: a reorder copies no row): (o [B, H, 1, D], or None where the "
+        "storages have no room; the next lineage or None; keys and writes of t + 1 positions)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("beta"), py::arg("keys"), py::arg("writes"),
         py::arg("decay"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("order"),
-        py::arg("lineage"), py::arg("keys_out"),
-        py::arg("writes_out"), py::arg("norm"), py::arg("eps"), py::arg("z_column"), py::arg("z_eps"));
+        py::arg("lineage"), py::arg("norm"), py::arg("eps"), py::arg("z_column"), py::arg("z_eps"));
   m.def("raw_source_read", &raw_source_read, "a cross-attention read of a cached source (the keys' phi and writes "
         "[R, H, S, E + M], or the memory [R, H, E, M]) from the raw query rows q [B, H, 1, d]: o [B, H, 1, D]",
         py::arg("q"), py::arg("source"), py::arg("map"), py::arg("nu"), py::arg("projection"), py::arg("norm"),

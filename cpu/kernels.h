@@ -89,8 +89,7 @@ std::tuple<torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor, torch::Te
     const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
     const torch::Tensor& keys, const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
     int64_t nu, const c10::optional<torch::Tensor>& projection, const c10::optional<torch::Tensor>& order,
-    const c10::optional<torch::Tensor>& lineage, const c10::optional<torch::Tensor>& keys_out,
-    const c10::optional<torch::Tensor>& writes_out, int64_t norm, double eps, bool z_column, double z_eps);
+    const c10::optional<torch::Tensor>& lineage, int64_t norm, double eps, bool z_column, double z_eps);
 
 // source_read.cpp: generation's cross-attention read of a cached source ([R, H, S, E + M] keys' phi and writes, or the
 // [R, H, E, M] memory; hypothesis b reads row b / (B / R)) from the raw query rows q [B, H, 1, d] of a map, phi(q)

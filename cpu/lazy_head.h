@@ -175,7 +175,6 @@ struct StepArgs {
                 ": keys and writes must be [B, H, t, d] and [B, H, t, M] CPU tensors");
     outs = keys_out.has_value();
     traced = outs && append && (order || lineage) && keys_out->data_ptr() == keys.data_ptr();
-    TORCH_CHECK(!lineage || traced, fn, ": a lineage takes the caches' own storages as keys_out and writes_out");
     const int64_t parents = lineage ? lineage->size(0) : keys.size(0);  // the rows `order` picks from
     B = order ? order->numel() : parents;
     H = keys.size(1);

@@ -97,7 +97,7 @@ FW_CLONES void raw_range(const Step<double>& a, const RawRows<double>& r, const 
 
 // The view of t + 1 positions of cache [B', H, t, W] in its own storage, where that storage has room for position t of
 // every row without touching another's (cache_storage.room's layout: [B', H, cap, W] from offset 0, cap > t); else
-// undefined. A step that appends in place makes its outs here, not as two Python views (a few us each in a step).
+// undefined. The step appends there and makes the views itself: as two Python views they cost a few us a step.
 torch::Tensor grown_in_place(const torch::Tensor& cache) {
   const int64_t B = cache.size(0), H = cache.size(1), t = cache.size(2), W = cache.size(3);
   const int64_t cap = W > 0 ? cache.stride(1) / W : 0;
@@ -109,26 +109,24 @@ torch::Tensor grown_in_place(const torch::Tensor& cache) {
 
 // q, k [B, H, 1, d] raw rows; v [B, H, 1, D]; the map (feature_attend_forward's codes, nu, projection) and norm, the
 // normalisation of phi(q) and phi(k) (0 for the sum rule), with eps; z_column: the sum rule's (writes M = D + 1 wide,
-// the read divided by z . phi(q) + z_eps); keys [B', H, t, C] (C = d for DPFP, else E); keys_out / writes_out
-// [B, H, t + 1, .]: the rows read, then this position's row; or, traced (with order or lineage [B'', t]), the views
-// of t + 1 positions of the caches' own storages; absent: those views, made here where the storages have room (else
-// nothing runs and o is undefined: the caller grows them) -> (o [B, H, 1, D], traced: the lineage [B, t + 1] for the
-// next step, else None; keys_out, writes_out)
+// the read divided by z . phi(q) + z_eps); keys [B', H, t, C] (C = d for DPFP, else E) and writes [B', H, t, M],
+// views of storages with room for position t (else nothing runs and o is undefined: the caller lays them out anew).
+// Each hypothesis appends its row at position t of the storages, in its own row b; with a reorder (order [B]) or a
+// lineage [B'', t] the step is traced -> (o [B, H, 1, D]; traced: the lineage [B, t + 1] for the next step, else
+// None; the views of t + 1 positions of keys and writes)
 std::tuple<torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor> raw_lazy_step(
     const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
     const torch::Tensor& keys, const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,
     int64_t nu, const c10::optional<torch::Tensor>& projection, const c10::optional<torch::Tensor>& order,
-    const c10::optional<torch::Tensor>& lineage, const c10::optional<torch::Tensor>& keys_out,
-    const c10::optional<torch::Tensor>& writes_out, int64_t norm, double eps, bool z_column, double z_eps) {
-  TORCH_CHECK(keys_out.has_value() == writes_out.has_value(),
-              "raw_lazy_step: give both keys_out and writes_out or neither");
+    const c10::optional<torch::Tensor>& lineage, int64_t norm, double eps, bool z_column, double z_eps) {
   TORCH_CHECK(keys.dim() == 4 && writes.dim() == 4,
               "raw_lazy_step: keys and writes must be [B, H, t, d] and [B, H, t, M]");
-  const torch::Tensor ko = keys_out ? *keys_out : grown_in_place(keys);
-  const torch::Tensor wo = writes_out ? *writes_out : grown_in_place(writes);
-  if (!ko.defined() || !wo.defined()) return {torch::Tensor(), c10::nullopt, torch::Tensor(), torch::Tensor()};
+  const torch::Tensor keys_out = grown_in_place(keys), writes_out = grown_in_place(writes);
+  if (!keys_out.defined() || !writes_out.defined())
+    return {torch::Tensor(), c10::nullopt, torch::Tensor(), torch::Tensor()};
   const int64_t D = writes.size(3) - (z_column ? 1 : 0);
-  const StepArgs a(keys, writes, v, beta, decay, order, ko, wo, true, D, "raw_lazy_step", lineage);
+  // outs in the caches' own storages: traced wherever a reorder or a lineage says where the positions are
+  const StepArgs a(keys, writes, v, beta, decay, order, keys_out, writes_out, true, D, "raw_lazy_step", lineage);
   TORCH_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.size(0) == a.B && q.size(1) == a.H && q.size(2) == 1 &&
                   q.scalar_type() == a.type && k.scalar_type() == a.type && v.scalar_type() == a.type,
               "raw_lazy_step: q and k must be [B, H, 1, d] and v [B, H, 1, D] of the keys' dtype");
@@ -150,6 +148,6 @@ std::tuple<torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor, torch::Te
       raw_range(step, rows, s, z_column, static_cast<scalar_t>(z_eps), b, e);
     });
   });
-  if (a.traced) return {o, a.lo, ko, wo};
-  return {o, c10::nullopt, ko, wo};
+  if (a.traced) return {o, a.lo, keys_out, writes_out};
+  return {o, c10::nullopt, keys_out, writes_out};
 }

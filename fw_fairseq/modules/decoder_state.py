@@ -200,13 +200,13 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
     if order is not None:
         reorder_decay(buffer, order)
     decay = None if alpha is None else _decayed(buffer.get("decay"), alpha)
-    # in the storages themselves: a reorder (or an earlier one's lineage) makes the kernel's step traced. The kernel
-    # makes the views of t positions [B', H, t, .] where the storages have room, else they grow here first
+    # in the storages themselves, which the kernel's views of t positions [B', H, t, .] take: a reorder (or an earlier
+    # one's lineage) makes its step traced
     lineage, writes = buffer.pop(LINEAGE, None), buffer["writes"]  # [B, t-1] or None
-    o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage, None, norm, z_column)
-    if o is None:
-        o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage,
-                                       (grown(past, positions), grown(writes, positions)), norm, z_column)
+    o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage, norm, z_column)
+    if o is None:  # storages without room for position t-1: the same rows in storages with room (`grown`) first
+        past, writes = (grown(x, positions)[:, :, :-1] for x in (past, writes))
+        o, after, *outs = phi.raw_step(q, k, v, beta, past, writes, decay, order, lineage, norm, z_column)
     buffer["keys"], buffer["writes"] = outs
     if alpha is not None:
         buffer["decay"] = _with_new_position(decay, alpha, positions)

@@ -133,13 +133,13 @@ class FeatureMap(nn.Module, abc.ABC):
         `z_column`: o [B, H, 1, D], in one kernel call. Where has_raw_step."""
         return raw_source_read(self.kernel_map, self.kernel_nu, self.kernel_projection, q, source, norm, z_column)
 
-    def raw_step(self, q, k, v, beta, cached, writes, decay, order, lineage, outs, norm, z_column):
+    def raw_step(self, q, k, v, beta, cached, writes, decay, order, lineage, norm, z_column):
         """cached_step from the raw rows q, k [B, H, 1, d_key] in one kernel call that forms phi itself (normalised
         by `norm`) and, with `z_column` (the sum rule), adds the ones column to v [B, H, 1, D] and divides the read
-        by it: (o [B, H, 1, D], the next lineage or None, the outs; ops.step.raw_lazy_step, also for outs None).
-        Where has_raw_step."""
+        by it, appending in the caches' storages: (o [B, H, 1, D] or None where they have no room, the next lineage
+        or None, the caches of one more position; ops.step.raw_lazy_step). Where has_raw_step."""
         return raw_lazy_step(self.kernel_map, self.kernel_nu, self.kernel_projection, q, k, v, beta, cached, writes,
-                             decay, order, lineage, outs, norm, z_column)
+                             decay, order, lineage, norm, z_column)
 
 
 class EluPlusOne(FeatureMap):

@@ -96,21 +96,19 @@ def fused_lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, order, outs, key
     return kernel.lazy_step(phi_q, phi_k, v, beta, keys, writes, decay, nu, order, *outs, key, KERNEL_NORMS[norm], eps)
 
 
-def raw_lazy_step(map_name, nu, projection, q, k, v, beta, keys, writes, decay, order, lineage, outs, norm, z_column):
+def raw_lazy_step(map_name, nu, projection, q, k, v, beta, keys, writes, decay, order, lineage, norm, z_column):
     """fused_lazy_step from the raw rows q, k [B, H, 1, d] (cpu/raw_step.cpp's raw_lazy_step): the kernel forms phi
     of map `map_name` (a KERNEL_MAPS name; nu: DPFP's; projection: FAVOR+'s R [m, d], else None) normalised by
     `norm` (None: not), gives v [B, H, 1, D] the sum rule's z column where `z_column` and divides the read by it.
-    keys [B', H, t-1, C]: DPFP's raw keys (C = d), else phi(k) (C = E); writes [B', H, t-1, D (+ 1)]; outs as
-    fused_lazy_step's, of t positions; or, traced (a reorder `order` or a `lineage` [B'', t-1]: hypothesis b's
-    position s is in row lineage[order[b], s] of the caches), the views of t positions of the caches' own storages,
-    each hypothesis's row appended in its own row b, nothing copied; outs None: those views, which the kernel makes
-    where the storages have room for position t-1 (cache_storage.room), else it runs nothing.
-    -> (o [B, H, 1, D], the module's read, or None where outs is None and the storages have no room; traced: the
-    lineage [B, t] of the next step, else None; the outs). Where raw_step_kernel."""
+    keys [B', H, t-1, C]: DPFP's raw keys (C = d), else phi(k) (C = E); writes [B', H, t-1, D (+ 1)]; both views of
+    storages with room for position t-1 (cache_storage.room), where each hypothesis appends its row in its own row b;
+    traced by a reorder `order` or a `lineage` [B'', t-1] (hypothesis b's position s is in row lineage[order[b], s] of
+    the caches): nothing copied. -> (o [B, H, 1, D], the module's read, or None where the storages have no room and
+    nothing ran; traced: the lineage [B, t] of the next step, else None; keys and writes, the views of t positions).
+    Where raw_step_kernel."""
     projection = None if projection is None else projection.to(q.dtype)  # a float32 buffer: q's dtype
     return cpu_kernel(q).raw_lazy_step(q, k, v, beta, keys, writes, decay, KERNEL_MAPS[map_name], nu, projection,
-                                       order, lineage, *(outs or (None, None)), KERNEL_NORMS[norm], PHI_EPS, z_column,
-                                       Z_EPS)
+                                       order, lineage, KERNEL_NORMS[norm], PHI_EPS, z_column, Z_EPS)
 
 
 def raw_step_kernel(map_name, q, keys):

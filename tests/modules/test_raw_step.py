@@ -73,49 +73,40 @@ def test_the_raw_step_equals_the_features_step(feature_map, rule, norm, monkeypa
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 7, 2, None, None, None,
-                                                     *_outs(keys, writes), 0, 1e-6, False, 1e-6), "map must be 0"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys[..., :3], writes, None, 0, 2, None, None, None,
-                                                     *_outs(keys[..., :3], writes), 0, 1e-6, False, 1e-6),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 7, 2, None, None, None, 0, 1e-6,
+                                                     False, 1e-6), "map must be 0"),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, *_cache(3, 4), None, 0, 2, None, None, None, 0,
+                                                     1e-6, False, 1e-6),
      "keys must be \\[B, H, t, 4\\]"),
     (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q[:, :, :, :3], k, k, None, keys, writes, None, 0, 2, None,
-                                                     None, None, *_outs(keys, writes), 0, 1e-6, False, 1e-6),
+                                                     None, None, 0, 1e-6, False, 1e-6),
      "q and k must be \\[B, H, 1, d\\]"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 3, 1, None, None, None,
-                                                     *_outs(keys, writes), 0, 1e-6, False, 1e-6),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 3, 1, None, None, None, 0, 1e-6,
+                                                     False, 1e-6),
      "favor needs its projection"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None, None,
-                                                     keys, writes, 0, 1e-6, False, 1e-6),
-     "keys_out must be \\[B, H, 3, width\\]"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None, None,
-                                                     *_outs(keys, writes), 0, 1e-6, True, 1e-6),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None, None, 0, 1e-6,
+                                                     True, 1e-6),
      "v must be \\[B, H, 1, 3\\]"),
-    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 0, 2, None, None,
-                                                     torch.zeros(2, 2, dtype=torch.long), *_outs(keys, writes), 0,
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys[0], writes, None, 0, 2, None, None, None, 0,
                                                      1e-6, False, 1e-6),
-     "a lineage takes the caches' own storages"),
-    (lambda kn, q, k, keys, writes: _traced(kn, q, k, torch.tensor([[0, 2], [1, 1]])), "lineage holds 2, not a cache row"),
-    (lambda kn, q, k, keys, writes: _traced(kn, q, k, torch.zeros(2, 3, dtype=torch.long)),
+     "keys and writes must be \\[B, H, t, d\\] and \\[B, H, t, M\\]"),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 1, 0, None, None,
+                                                     torch.tensor([[0, 2], [1, 1]]), 0, 1e-6, False, 1e-6),
+     "lineage holds 2, not a cache row"),
+    (lambda kn, q, k, keys, writes: kn.raw_lazy_step(q, k, k, None, keys, writes, None, 1, 0, None, None,
+                                                     torch.zeros(2, 3, dtype=torch.long), 0, 1e-6, False, 1e-6),
      "lineage must be \\[B', t\\] int64"),
 ])
 def test_raw_lazy_step_refuses_bad_arguments_in_one_line(call, message):
     q = torch.randn(2, 2, 1, 4, dtype=torch.float64)
-    keys, writes = torch.randn(2, 2, 2, 4, dtype=torch.float64), torch.randn(2, 2, 2, 4, dtype=torch.float64)
     with pytest.raises(RuntimeError, match=message):
-        call(cpu_kernel(q), q, q.clone(), keys, writes)
+        call(cpu_kernel(q), q, q.clone(), *_cache(4, 4))
 
 
-def _outs(keys, writes):
-    """Views of one more position than keys and writes [B, H, t, .] have, as generation grows them."""
-    return tuple(torch.empty(*x.shape[:2], x.size(2) + 1, x.size(3), dtype=x.dtype) for x in (keys, writes))
-
-
-def _traced(kernel, q, k, lineage):
-    """A traced step (lineage given) of ELU+1 over caches of 2 positions in storages of 3: the outs are the storages."""
-    storages = [torch.randn(2, 2, 3, 4, dtype=torch.float64) for _ in range(2)]
-    keys, writes = (x[:, :, :2] for x in storages)
-    return kernel.raw_lazy_step(q, k, k, None, keys, writes, None, 1, 0, None, None, lineage, *storages, 0, 1e-6,
-                                False, 1e-6)
+def _cache(key_width, width):
+    """Keys and writes [2, 2, 2, .] of widths key_width and width, views of storages of 3 positions, as generation
+    lays them out (cache_storage.started, grown)."""
+    return tuple(torch.randn(2, 2, 3, w, dtype=torch.float64)[:, :, :2] for w in (key_width, width))
 
 
 @pytest.mark.parametrize("source,map,message", [
@@ -130,25 +121,21 @@ def test_raw_source_read_refuses_bad_arguments_in_one_line(source, map, message)
         cpu_kernel(q).raw_source_read(q, source, map, 0, None, 0, 1e-6, False, 1e-6)
 
 
-def test_without_outs_the_step_appends_in_the_storages_where_they_have_room():
-    """outs None: the kernel makes the views of t + 1 positions of the caches' own storages and steps as with them
-    given; storages without room for position t (a cache of exactly t positions) run nothing and return None."""
+def test_the_step_appends_in_the_storages_where_they_have_room():
+    """The kernel appends position t in the caches' own storages, returns their views of t + 1 positions and touches
+    nothing else; storages without room for position t (a cache of exactly t positions) run nothing: None."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 1, 4, dtype=torch.float64, generator=g) for _ in range(3))
     storages = [torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(2)]  # ELU+1: C = E = 4
-    keys, writes = (x[:, :, :2] for x in storages)
-    args = (None, keys, writes, None, 1, 0, None, None, None)
-    given = [x.clone() for x in storages]
-    want, _, *_ = cpu_kernel(q).raw_lazy_step(q, k, v, *args, *(x[:, :, :3] for x in given), 0, 1e-6, False, 1e-6)
-    o, lineage, keys_out, writes_out = cpu_kernel(q).raw_lazy_step(q, k, v, *args, None, None, 0, 1e-6, False, 1e-6)
-    torch.testing.assert_close(o, want, rtol=0, atol=0)
-    assert lineage is None
-    for out, storage, expected in zip((keys_out, writes_out), storages, given):
+    before = [x.clone() for x in storages]
+    tail = (None, 1, 0, None, None, None, 0, 1e-6, False, 1e-6)  # decay .. z_eps: ELU+1, no reorder, no lineage
+    o, lineage, *outs = cpu_kernel(q).raw_lazy_step(q, k, v, None, *(x[:, :, :2] for x in storages), *tail)
+    assert o.shape == (2, 2, 1, 4) and lineage is None
+    for out, storage, old in zip(outs, storages, before):
         assert out.shape == (2, 2, 3, 4) and out.data_ptr() == storage.data_ptr()
-        torch.testing.assert_close(storage, expected, rtol=0, atol=0)  # position 2 written, nothing else
-    full = [x.clone() for x in storages]  # caches of 5 positions in storages of 5: no room for a sixth
-    assert cpu_kernel(q).raw_lazy_step(q, k, v, None, *full, None, 1, 0, None, None, None, None, None, 0, 1e-6, False,
-                                       1e-6) == (None, None, None, None)
+        changed = (storage != old).any(-1)  # [2, 2, 5]: the positions written
+        assert changed[:, :, 2].all() and not changed[:, :, [0, 1, 3, 4]].any()
+    assert cpu_kernel(q).raw_lazy_step(q, k, v, None, *storages, *tail) == (None, None, None, None)
 
 
 @pytest.mark.parametrize("feature_map,rule", [("dpfp", "delta"), ("elu", "sum")])
