@@ -83,8 +83,9 @@ std::tuple<torch::Tensor, torch::Tensor> lazy_step(const torch::Tensor& phi_q, c
                                                         double eps);
 
 // raw_step.cpp: the same step from the raw rows q, k [B, H, 1, d] of a map (feature_attend_forward's codes), phi
-// normalised by norm, the sum rule's z column (z_column) added to v and divided out of the read; traced (order or
-// lineage, the outs the caches' own storages) a reorder copies no row -> (o [B, H, 1, D], the next lineage or None)
+// normalised by norm, the sum rule's z column (z_column) added to v and divided out of the read, appended in the
+// caches' own storages (traced with order or lineage: a reorder copies no row) -> (o [B, H, 1, D], undefined where the
+// storages have no room; the next lineage or None; the caches' views of t + 1 positions)
 std::tuple<torch::Tensor, c10::optional<torch::Tensor>, torch::Tensor, torch::Tensor> raw_lazy_step(
     const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const c10::optional<torch::Tensor>& beta,
     const torch::Tensor& keys, const torch::Tensor& writes, const c10::optional<torch::Tensor>& decay, int64_t map,

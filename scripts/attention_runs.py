@@ -50,6 +50,12 @@ def _json_record(line, tag):
     return json.loads(line.split(marker, 1)[1]) if marker in line else None
 
 
+def _environment(threads, **extra):
+    """A fairseq CLI's environment: this one with `extra`, and OMP_NUM_THREADS `threads` where given (else torch's
+    default)."""
+    return dict(os.environ, **extra, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+
+
 def train(data, save_dir, flags, updates, valid_every, log, label, threads=None):
     """fairseq-train `flags` for exactly `updates` updates (resuming from save_dir's checkpoint_last.pt
     if a previous run was cut off), validating every `valid_every` updates. Returns the run's record:
@@ -62,7 +68,7 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
             "--save-dir", save_dir, "--no-epoch-checkpoints", "--num-workers", "0",
             "--required-batch-size-multiple", "1"]
     # unbuffered: the log lines (and so the progress bar and the timing) arrive as fairseq prints them
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    env = _environment(threads, PYTHONUNBUFFERED="1")
     progress, curve = Progress(label, updates), {}
     # Time per update from the arrival of consecutive train_inner lines; an interval in which anything
     # else was printed (validation, a checkpoint, a new epoch) is not counted.
@@ -116,8 +122,7 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None)
             # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
             "--max-len-a", "1.2", "--max-len-b", "10"]
     with open(out, "w") as sink:
-        proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})))
+        proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT, env=_environment(threads))
     if proc.returncode != 0:
         sys.exit(f"fairseq-generate failed (exit {proc.returncode}); its log: {out}")
     hyps = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", Path(out).read_text(), flags=re.M))

@@ -105,14 +105,17 @@ def by_seed(rows, seeds):
     the same seeds (a seed moves BLEU on 500 short test sentences by more than some rows differ)."""
     if len(seeds) < 2:
         return []
-    lines = ["", "BLEU (final valid loss) seed by seed:", "",
-             "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
-    for name, row in rows.items():
-        cells = [f"{row['bleu_by_seed'][s]:.2f} ({row['loss_by_seed'][s]:.3f})"
-                 if s in row["bleu_by_seed"] and row["loss_by_seed"][s] is not None
-                 else f"{row['bleu_by_seed'][s]:.2f}" if s in row["bleu_by_seed"] else "" for s in seeds]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+    return _seed_table("BLEU (final valid loss) seed by seed:", rows, seeds, lambda row, s: (
+        f"{row['bleu_by_seed'][s]:.2f} ({row['loss_by_seed'][s]:.3f})"
+        if s in row["bleu_by_seed"] and row["loss_by_seed"][s] is not None
+        else f"{row['bleu_by_seed'][s]:.2f}" if s in row["bleu_by_seed"] else ""))
+
+
+def _seed_table(title, rows, seeds, cell):
+    """A titled table of one column per seed: cell(row, seed) for each configuration's row."""
+    return ["", title, "", "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+            "|---|" + "---:|" * len(seeds)] + [
+        f"| {name} | " + " | ".join(cell(row, s) for s in seeds) + " |" for name, row in rows.items()]
 
 
 def lengths(rows, seeds):
@@ -143,10 +146,8 @@ def lengths(rows, seeds):
                      f"{', '.join(map(str, row['tuned_lenpens'])) or '–'} | {tuned_ratio} |")
         lines.append(line)
     if len(seeds) > 1 and tuned_any:
-        lines += ["", "BLEU with the --lenpen picked on valid, seed by seed:", "",
-                  "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---:|" * len(seeds)]
-        lines += [f"| {name} | " + " | ".join(f"{row['tuned_by_seed'][s]:.2f}" if s in row["tuned_by_seed"] else ""
-                                             for s in seeds) + " |" for name, row in rows.items()]
+        lines += _seed_table("BLEU with the --lenpen picked on valid, seed by seed:", rows, seeds, lambda row, s: (
+            f"{row['tuned_by_seed'][s]:.2f}" if s in row["tuned_by_seed"] else ""))
     return lines
 
 

@@ -197,9 +197,8 @@ def raw_causal_step(buffer: dict, phi, norm: Optional[str], q: Tensor, k: Tensor
         buffer["writes"] = started(q, (width,), positions)  # [B, H, 0, M]
     beta, alpha = (*scalars, None, None)[:2]
     order = buffer.pop(ORDER, None)
-    if order is not None:
-        reorder_decay(buffer, order)
-    decay = None if alpha is None else _decayed(buffer.get("decay"), alpha)
+    reorder_decay(buffer, order)
+    decay = _decayed(buffer.get("decay"), alpha)
     # in the storages themselves, which the kernel's views of t positions [B', H, t, .] take: a reorder (or an earlier
     # one's lineage) makes its step traced
     lineage, writes = buffer.pop(LINEAGE, None), buffer["writes"]  # [B, t-1] or None
