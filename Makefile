@@ -30,9 +30,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_ops_cpu.py
 
-# The offline GPU node's kit (gpu_kit/): wheels for cp312 + sdists built there; needs only pip and network.
+# The offline GPU node's kit (gpu_kit/): wheels for cp312, sdists, and the node's builds made here where this
+# machine has CPython 3.12 and nvcc (scripts/gpu_prebuilt.py; its build venv in .gpu_build/); needs network.
 gpu-kit:
 	$(PY) scripts/gpu_kit.py --out gpu_kit
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .gpu_build

@@ -10,10 +10,11 @@ timed-out step is recorded and the next one runs. The output folder gets check.j
 every step's status, time and log tail), logs.txt (every step's full output), the benchmarks' JSON files
 and summary.md (scripts/gpu_summary.py), at most 8 files so that a lent machine returns all of them.
 Builds go to ignored folders of the checkout (.gpu_site/ for the kit and fairseq, fw_fairseq/_cuda*.so),
-stamped with what they were built from, so a second part on the same machine skips them.
+stamped with what they were built from, so a second part on the same machine skips them; where the kit holds
+the same build made beforehand (scripts/gpu_prebuilt.py: same files, torch, Python and GPU), it is unpacked
+and imported instead ("prebuilt"), and the device's time goes to the checks.
 """
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -24,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpu_prebuilt import ITEMS as PREBUILT, digest, sdist, sources, unpack
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("all", "kernels", "fairseq")
@@ -56,15 +59,6 @@ STEPS = [
 ]
 
 
-def digest(*paths):
-    """One sha256 over the given files (sorted), to stamp what a build was made from."""
-    h = hashlib.sha256()
-    for path in sorted(paths):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 class Check:
     """Runs the steps of one part, records them, writes check.json and logs.txt as it goes."""
 
@@ -89,8 +83,7 @@ class Check:
         py, kit, out, site = sys.executable, self.kit, self.out, self.site
         jobs = str(os.cpu_count() or 4)
         wheels = sorted(str(p) for p in kit.glob("*.whl"))
-        [fairseq] = sorted(kit.glob("fairseq_fixed-*.tar.gz")) or [kit / "fairseq_fixed-<missing>.tar.gz"]
-        [peer] = sorted(kit.glob("pytorch-fast-transformers-*.tar.gz")) or [kit / "pytorch-fast-transformers-<missing>"]
+        fairseq, peer = sdist(kit, "build_fairseq"), sdist(kit, "build_fast_transformers")
         sanitize = [py, str(REPO / "benchmarks" / "gpu_sanitize_cases.py")]
         cuda_bin = Path(self.env.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
         sanitizer = shutil.which("compute-sanitizer") or (str(cuda_bin) if cuda_bin.exists() else "compute-sanitizer")
@@ -120,15 +113,11 @@ class Check:
     def stamps(self):
         """{step: (stamp file, what it was built from)} for the steps a warm machine may skip: the
         digest of the sources and the Python that built them (another interpreter needs its own build)."""
-        # build_ext builds both extensions: the CUDA kernels and the CPU one (cpu/)
-        cuda_sources = [*(REPO / "cuda").iterdir(), *(REPO / "cpu").iterdir(), REPO / "setup.py"]
-        kit_files = [p for p in self.kit.iterdir() if p.is_file()] if self.kit.is_dir() else []
         python = f"{sys.executable} {platform.python_version()}"
-        stamps = {"install_kit": (self.site / ".kit", [p for p in kit_files if p.suffix == ".whl"]),
-                  "build_fairseq": (self.site / ".fairseq", [p for p in kit_files if "fairseq" in p.name]),
-                  "build_extension": (REPO / "fw_fairseq" / ".cuda_build", cuda_sources),
-                  "build_fast_transformers": (self.site / ".fast_transformers",
-                                              [p for p in kit_files if "fast-transformers" in p.name])}
+        built = {"build_fairseq": self.site / ".fairseq", "build_extension": REPO / "fw_fairseq" / ".cuda_build",
+                 "build_fast_transformers": self.site / ".fast_transformers"}
+        stamps = {"install_kit": (self.site / ".kit", sorted(self.kit.glob("*.whl"))),
+                  **{step: (stamp, sources(step, REPO, self.kit)) for step, stamp in built.items()}}
         return {step: (stamp, f"{python} {digest(*files)}") for step, (stamp, files) in stamps.items()}
 
     def run(self, steps):
@@ -142,7 +131,7 @@ class Check:
                 entry.update(status="cached", seconds=0.0, tail="already built from the same files on this machine")
             elif left < step.min_s:
                 entry.update(status="skipped", seconds=0.0, tail=f"out of budget: {left:.0f} s left, needs {step.min_s}")
-            else:
+            elif not self.prebuilt(step, entry):
                 entry.update(self.execute(step, commands[step.name], min(step.max_s, left)))
                 if entry["status"] == "ok" and stamp is not None:
                     stamp.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +139,21 @@ class Check:
             self.record["steps"].append(entry)
             print(f"gpu_check: {step.name:<24} {entry['status']:<8} {entry['seconds']:7.1f} s", flush=True)
             self.save()
+
+    def prebuilt(self, step, entry):
+        """Whether the kit's build of this step (scripts/gpu_prebuilt.py) was unpacked in its place; entry gets
+        its status, or the reason it was not used (the step then builds)."""
+        if step.name not in PREBUILT:
+            return False
+        start, node = time.monotonic(), self.record["environment"]
+        try:
+            used, why = unpack(step.name, self.kit, REPO, self.site, node, self.env)
+        except (OSError, ValueError, subprocess.SubprocessError) as err:  # a broken archive: build instead
+            used, why = False, f"unpacking failed: {err}"
+        entry["prebuilt"] = why
+        if used:
+            entry.update(status="prebuilt", rc=0, seconds=round(time.monotonic() - start, 1), tail=why)
+        return used
 
     def execute(self, step, argv, limit):
         start = time.monotonic()

@@ -4,12 +4,13 @@
     python3 scripts/gpu_kit.py --check             # resolve the lock for cp312 without downloading it
 
 The kit is one folder: the lock's wheels for CPython 3.12 manylinux x86_64, the sdists that are built on
-the node against its own torch (fairseq-fixed, pytorch-fast-transformers), and MANIFEST.json (file,
-kind, sha256 of each, and the lock's own digest so the node can tell a stale kit). Copy it next to the
+the node against its own torch (fairseq-fixed, pytorch-fast-transformers), those builds and fw_fairseq's
+extensions made here for the node where this machine can (scripts/gpu_prebuilt.py; --no-prebuild leaves them
+to the node), and MANIFEST.json (file, kind, sha256 of each, and the lock's own digest so the node can tell a
+stale kit). Copy it next to the
 checkout on the GPU node and run scripts/gpu_check.sh (benchmarks/README.md).
 """
 import argparse
-import hashlib
 import json
 import re
 import subprocess
@@ -18,6 +19,10 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import gpu_check
+import gpu_prebuilt
+from gpu_prebuilt import file_sha256 as sha256
 
 HERE = Path(__file__).resolve().parent
 LOCK, NODE = HERE / "gpu_kit.lock", HERE / "gpu_node.txt"
@@ -88,14 +93,6 @@ def sdist_link(pin):
     raise SystemExit(f"gpu_kit: no file of {pin.name} {pin.version} on PyPI has the pinned sha256 {pin.sha256}")
 
 
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def pip(*args):
     subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", *args], check=True)
 
@@ -116,8 +113,9 @@ def fetch_sdist(pin, dest):
     return path
 
 
-def build(out):
-    """Fill `out` with the kit; files already there with the right digest are kept."""
+def build(out, prebuild=True):
+    """Fill `out` with the kit; files already there with the right digest are kept. prebuild: add the node's
+    builds made here (their archives are rebuilt only when what they are built from changed)."""
     pins = read_lock()
     out.mkdir(parents=True, exist_ok=True)
     wheels = [p for p in pins if p.kind == "wheel"]
@@ -138,6 +136,8 @@ def build(out):
             [path] = out.glob(normalise(pin.name).replace("-", "_") + f"-{pin.version}-*.whl")
         entries.append({"name": pin.name, "version": pin.version, "kind": pin.kind, "file": path.name,
                         "sha256": sha256(path)})
+    if prebuild:  # the node's builds, made here where the machine can (scripts/gpu_prebuilt.py)
+        entries += gpu_prebuilt.build(out, cuda_home=gpu_check.find_cuda_home())
     manifest = {"lock_sha256": sha256(LOCK), "python": "cp312", "platform": "manylinux x86_64", "files": entries}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     stray = sorted({p.name for p in out.iterdir()} - {e["file"] for e in entries} - {"MANIFEST.json"})
@@ -146,7 +146,8 @@ def build(out):
     mib = sum(p.stat().st_size for p in out.iterdir()) / 2**20
     if mib > MAX_KIT_MIB:
         raise SystemExit(f"gpu_kit: the kit is {mib:.1f} MiB, over its {MAX_KIT_MIB} MiB limit")
-    print(f"gpu_kit: {len(entries)} packages, {mib:.1f} MiB in {out}")
+    built = sum(e["kind"] == "prebuilt" for e in entries)
+    print(f"gpu_kit: {len(entries) - built} packages and {built} prebuilt builds, {mib:.1f} MiB in {out}")
 
 
 def check(lock=LOCK, node=NODE):
@@ -206,12 +207,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE.parent / "gpu_kit", help="kit folder (default: gpu_kit/)")
     parser.add_argument("--check", action="store_true", help="resolve the lock for cp312 without downloading")
+    parser.add_argument("--no-prebuild", action="store_true", help="leave the node's builds to the node "
+                        "(default: build them here, scripts/gpu_prebuilt.py)")
     args = parser.parse_args()
     if args.check:
         problems = check()
         print("\n".join(problems) or "gpu_kit: the lock resolves for cp312 manylinux x86_64 and its needs are met")
         sys.exit(1 if problems else 0)
-    build(args.out)
+    build(args.out, prebuild=not args.no_prebuild)
 
 
 if __name__ == "__main__":
