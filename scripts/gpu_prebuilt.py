@@ -22,29 +22,13 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = "9.0a"  # H100 and H200 (capability 9.0); torch builds them as sm_90a
 PYTHON = "3.12"
 # what the node's own builds compile against besides torch (scripts/gpu_node.txt has its numpy 2.5.x)
 BUILD_PINS = ["numpy==2.5.2", "cython==3.3.1", "setuptools==81.0.0", "wheel==0.48.0", "ninja==1.13.2"]
-SDISTS = {"build_fairseq": "fairseq_fixed-*.tar.gz", "build_fast_transformers": "pytorch-fast-transformers-*.tar.gz"}
-
-
-@dataclass(frozen=True)
-class Item:
-    smoke: str  # what the node imports before it trusts the unpacked files
-    under_site: bool  # unpacked into .gpu_site/ (else into the checkout)
-    folder: str  # the folder under that root the archive's paths start from ("" for the root itself)
-
-
-ITEMS = {
-    "build_extension": Item("import fw_fairseq._cuda, fw_fairseq._cpu", False, ""),
-    # fairseq runs from its source tree: the node unpacks the sdist, then the compiled modules on top
-    "build_fairseq": Item("import fairseq.libbleu, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast",
-                          True, "fairseq-src"),
-    "build_fast_transformers": Item("from fast_transformers.causal_product import causal_dot_product", True, ""),
-}
 
 
 def digest(*paths):
@@ -58,12 +42,14 @@ def digest(*paths):
 
 def sdist(kit, step):
     """The kit's sdist that `step` builds (a path that does not exist when the kit lacks it)."""
-    return (sorted(kit.glob(SDISTS[step])) or [kit / SDISTS[step].replace("*", "<missing>")])[0]
+    pattern = ITEMS[step].sdist
+    return (sorted(kit.glob(pattern)) or [kit / pattern.replace("*", "<missing>")])[0]
 
 
 def sources(step, repo, kit):
-    """The files a build step's result depends on: fw_fairseq's extension sources, or the kit's sdist."""
-    if step == "build_extension":  # build_ext builds both extensions: the CUDA kernels and the CPU one
+    """The files a build step's result depends on: the kit's sdist it builds, else fw_fairseq's extension sources
+    (build_ext builds both extensions: the CUDA kernels and the CPU one)."""
+    if ITEMS[step].sdist is None:
         return [*(repo / "cuda").iterdir(), *(repo / "cpu").iterdir(), repo / "setup.py"]
     path = sdist(kit, step)
     return [path] if path.exists() else []
@@ -92,7 +78,7 @@ def unpack(step, kit, repo, site, node, env):
         return False, f"{entry['file']} is missing or does not match its sha256"
     item = ITEMS[step]
     dest = (site if item.under_site else repo) / item.folder
-    if step == "build_fairseq":
+    if item.on_sdist:  # a fresh tree of the sdist, as the step's build starts from
         shutil.rmtree(dest, ignore_errors=True)
         extract(files[0], dest, strip=1)
     extract(archive, dest)
@@ -169,26 +155,52 @@ def build_env(cuda_home):
     return dict(env, CUDA_HOME=cuda_home) if cuda_home else env
 
 
-def compile_step(step, py, repo, kit, work, cuda_home):
-    """Build `step` under `work` as the node would; -> (root, the paths under it the archive holds)."""
-    env = build_env(cuda_home)
-    if step == "build_extension":
-        for name in ("cuda", "cpu", "fw_fairseq", "hydra_plugins"):
-            shutil.copytree(repo / name, work / name, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-        shutil.copy2(repo / "setup.py", work / "setup.py")
-        subprocess.run([str(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=work, env=env, check=True)
-        built = sorted(p.relative_to(work) for p in (work / "fw_fairseq").glob("_*.so"))
-        if len([p for p in built if p.name.startswith(("_cuda.", "_cpu."))]) != 2:
-            raise RuntimeError(f"setup.py built {[str(p) for p in built]}, not both _cuda and _cpu")
-        return work, built
-    if step == "build_fairseq":  # CUDA_HOME unset, as on the node: fairseq's CPU extensions only
-        extract(sdist(kit, step), work, strip=1)
-        env.pop("CUDA_HOME", None)
-        subprocess.run([str(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=work, env=env, check=True)
-        return work, sorted(p.relative_to(work) for p in work.rglob("*.so") if p.relative_to(work).parts[0] != "build")
-    subprocess.run([str(py), str(repo / "scripts" / "gpu_build_peer.py"), str(sdist(kit, step)), str(work)],
-                   env=env, check=True)
-    return work, [Path("fast_transformers")]
+def build_extension(py, repo, kit, work, env):
+    """fw_fairseq's two extensions, built in a copy of what setup.py reads; -> the modules' paths under work."""
+    for name in ("cuda", "cpu", "fw_fairseq", "hydra_plugins"):
+        shutil.copytree(repo / name, work / name, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy2(repo / "setup.py", work / "setup.py")
+    subprocess.run([str(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=work, env=env, check=True)
+    built = sorted(p.relative_to(work) for p in (work / "fw_fairseq").glob("_*.so"))
+    if len([p for p in built if p.name.startswith(("_cuda.", "_cpu."))]) != 2:
+        raise RuntimeError(f"setup.py built {[str(p) for p in built]}, not both _cuda and _cpu")
+    return built
+
+
+def build_fairseq(py, repo, kit, work, env):
+    """fairseq-fixed's extensions in its unpacked sdist, CUDA_HOME unset as on the node (its CPU extensions)."""
+    extract(sdist(kit, "build_fairseq"), work, strip=1)
+    env = {k: v for k, v in env.items() if k != "CUDA_HOME"}
+    subprocess.run([str(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=work, env=env, check=True)
+    return sorted(p.relative_to(work) for p in work.rglob("*.so") if p.relative_to(work).parts[0] != "build")
+
+
+def build_fast_transformers(py, repo, kit, work, env):
+    """fast-transformers' causal_product, by the node's own script, into work/fast_transformers."""
+    subprocess.run([str(py), str(repo / "scripts" / "gpu_build_peer.py"), str(sdist(kit, "build_fast_transformers")),
+                    str(work)], env=env, check=True)
+    return [Path("fast_transformers")]
+
+
+@dataclass(frozen=True)
+class Item:
+    sdist: Optional[str]  # the kit's sdist it is built from (a glob), or None: fw_fairseq's own sources
+    smoke: str  # what the node imports before it trusts the unpacked files
+    under_site: bool  # unpacked into .gpu_site/ (else into the checkout)
+    folder: str  # the folder under that root the archive's paths start from ("" for the root itself)
+    on_sdist: bool  # unpacked on top of a fresh tree of its sdist (fairseq runs from its source tree)
+    build: Callable  # (build python, repo, kit, work folder, env) -> the archive's paths under work
+
+
+ITEMS = {
+    "build_extension": Item(None, "import fw_fairseq._cuda, fw_fairseq._cpu", False, "", False, build_extension),
+    "build_fairseq": Item("fairseq_fixed-*.tar.gz",
+                          "import fairseq.libbleu, fairseq.data.data_utils_fast, fairseq.data.token_block_utils_fast",
+                          True, "fairseq-src", True, build_fairseq),
+    "build_fast_transformers": Item("pytorch-fast-transformers-*.tar.gz",
+                                    "from fast_transformers.causal_product import causal_dot_product", True, "", False,
+                                    build_fast_transformers),
+}
 
 
 def build(kit, repo=REPO, node_file=None, cuda_home=None):
@@ -210,13 +222,15 @@ def build(kit, repo=REPO, node_file=None, cuda_home=None):
                  "arch": ARCH}
         archive = kit / entry["file"]
         kept = old.get(step, {})
-        if archive.exists() and kept.get("from") == entry["from"] and kept.get("sha256") == file_sha256(archive):
+        if (archive.exists() and all(kept.get(k) == entry[k] for k in ("from", "version", "python", "arch"))
+                and kept.get("sha256") == file_sha256(archive)):
             entries.append(kept)
             continue
         py = py or venv(python, repo / ".gpu_build" / "venv", torch_version)
         print(f"gpu_prebuilt: building {step} for CPython {PYTHON}, CUDA arch {ARCH}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            root, paths = compile_step(step, py, repo, kit, Path(tmp), cuda_home)
+            root = Path(tmp)
+            paths = ITEMS[step].build(py, repo, kit, root, build_env(cuda_home))
             # setuptools compiles with -g: the debug sections are 80-95% of each module (fw_fairseq._cpu 54 MB,
             # 3.5 MB without), more than the device tool carries; the node's own builds keep them, unused
             for module in root.rglob("*.so"):
