@@ -131,9 +131,10 @@ class Check:
                 entry.update(status="cached", seconds=0.0, tail="already built from the same files on this machine")
             elif left < step.min_s:
                 entry.update(status="skipped", seconds=0.0, tail=f"out of budget: {left:.0f} s left, needs {step.min_s}")
-            elif not self.prebuilt(step, entry):
-                entry.update(self.execute(step, commands[step.name], min(step.max_s, left)))
-                if entry["status"] == "ok" and stamp is not None:
+            else:
+                if not self.prebuilt(step, entry):
+                    entry.update(self.execute(step, commands[step.name], min(step.max_s, left)))
+                if entry["status"] in ("ok", "prebuilt") and stamp is not None:  # the next part skips it
                     stamp.parent.mkdir(parents=True, exist_ok=True)
                     stamp.write_text(want)
             self.record["steps"].append(entry)

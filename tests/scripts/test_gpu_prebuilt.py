@@ -116,3 +116,21 @@ def test_a_machine_without_python_3_12_makes_the_kit_without_builds(tmp_path, mo
     monkeypatch.setattr(gpu_prebuilt, "find_python", lambda: None)
     assert gpu_prebuilt.build(tmp_path, cuda_home="/usr/local/cuda") == []
     assert "no CPython 3.12 (set FW_KIT_PYTHON) here: the kit carries no prebuilt builds" in capsys.readouterr().out
+
+
+def test_a_prebuilt_step_is_stamped_so_the_next_part_skips_it(tmp_path, monkeypatch):
+    """The check's bookkeeping around unpack() (tested above on real archives): a step the kit stood in for
+    is stamped like a build, so the second part on the same machine does not unpack it again."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "MANIFEST.json").write_text("{}")
+    check = gpu_check.Check(gpu_check.parse_args(["--part", "kernels", "--kit", str(kit), "--out",
+                                                  str(tmp_path / "out"), "--budget-s", "600"]))
+    stamp = tmp_path / "stamp"
+    monkeypatch.setattr(check, "stamps", lambda: {"build_extension": (stamp, "built from these files")})
+    monkeypatch.setattr(gpu_check, "unpack", lambda *args: (True, "unpacked"))
+    step = next(s for s in gpu_check.STEPS if s.name == "build_extension")
+    check.run([step])
+    check.run([step])
+    assert [s["status"] for s in check.record["steps"]] == ["prebuilt", "cached"]
+    assert stamp.read_text() == "built from these files"
