@@ -149,7 +149,7 @@ class Check:
         start, node = time.monotonic(), self.record["environment"]
         try:
             used, why = unpack(step.name, self.kit, REPO, self.site, node, self.env)
-        except (OSError, ValueError, subprocess.SubprocessError) as err:  # a broken archive: build instead
+        except (OSError, ValueError, subprocess.SubprocessError) as err:  # a kit it cannot read: build instead
             used, why = False, f"unpacking failed: {err}"
         entry["prebuilt"] = why
         if used:

@@ -214,19 +214,21 @@ def build(kit, repo=REPO, node_file=None, cuda_home=None):
     torch_version = node_torch(node_file or repo / "scripts" / "gpu_node.txt")
     manifest = kit / "MANIFEST.json"
     old = {e.get("step"): e for e in json.loads(manifest.read_text()).get("files", [])} if manifest.exists() else {}
-    py, entries = None, []
+    py, torch_built, entries = None, None, []
     for step in ITEMS:
         files = sources(step, repo, kit)
         entry = {"name": f"prebuilt {step}", "version": torch_version, "kind": "prebuilt", "step": step,
-                 "file": f"prebuilt-{step}.tar.gz", "from": digest(*files), "torch": None, "python": PYTHON,
-                 "arch": ARCH}
+                 "file": f"prebuilt-{step}.tar.gz", "from": digest(*files), "python": PYTHON, "arch": ARCH}
         archive = kit / entry["file"]
         kept = old.get(step, {})
         if (archive.exists() and all(kept.get(k) == entry[k] for k in ("from", "version", "python", "arch"))
                 and kept.get("sha256") == file_sha256(archive)):
             entries.append(kept)
             continue
-        py = py or venv(python, repo / ".gpu_build" / "venv", torch_version)
+        if py is None:  # the build environment, and the torch version it reports (the node's "+cu130" one)
+            py = venv(python, repo / ".gpu_build" / "venv", torch_version)
+            torch_built = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
+                                         capture_output=True, text=True, check=True).stdout.strip()
         print(f"gpu_prebuilt: building {step} for CPython {PYTHON}, CUDA arch {ARCH}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
@@ -238,7 +240,5 @@ def build(kit, repo=REPO, node_file=None, cuda_home=None):
             with tarfile.open(archive, "w:gz") as tar:
                 for path in paths:
                     tar.add(root / path, arcname=str(path))
-        torch_built = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                                     text=True, check=True).stdout.strip()
         entries.append(dict(entry, torch=torch_built, sha256=file_sha256(archive)))
     return entries

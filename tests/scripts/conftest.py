@@ -44,7 +44,8 @@ def to_sgm(lines, lang, kind, setid, docsize=10):
     return "\n".join(out) + "\n"
 
 
-def _add(tar, name, data):
+def add_member(tar, name, data):
+    """A file `name` holding the bytes `data` in an open tar archive."""
     info = tarfile.TarInfo(name)
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
@@ -56,17 +57,17 @@ def build_archives(dest):
         with tarfile.open(dest / archive, "w:gz") as tar:
             for inner, corpus in members.items():
                 for l in ("en", "de"):
-                    _add(tar, inner.format(l=l), (CORPUS / corpus.format(l=l)).read_bytes())
+                    add_member(tar, inner.format(l=l), (CORPUS / corpus.format(l=l)).read_bytes())
     lines = {(c, l): (CORPUS / f"{c}.{l}").read_text("utf-8").splitlines()
              for c in ("newstest2013", "newstest2014") for l in ("en", "de")}
     with tarfile.open(dest / "test.tgz", "w:gz") as tar:
         for l in ("en", "de"):
             sgm = to_sgm(lines["newstest2013", l], l, "src", "newstest2013")
-            _add(tar, f"test/newstest2013-src.{l}.sgm", sgm.encode())
+            add_member(tar, f"test/newstest2013-src.{l}.sgm", sgm.encode())
     with tarfile.open(dest / "test-full.tgz", "w:gz") as tar:
-        _add(tar, "test-full/newstest2014-deen-src.en.sgm",
+        add_member(tar, "test-full/newstest2014-deen-src.en.sgm",
              to_sgm(lines["newstest2014", "en"], "en", "src", "newstest2014").encode())
-        _add(tar, "test-full/newstest2014-deen-ref.de.sgm",
+        add_member(tar, "test-full/newstest2014-deen-ref.de.sgm",
              to_sgm(lines["newstest2014", "de"], "de", "ref", "newstest2014").encode())
     return dest
 

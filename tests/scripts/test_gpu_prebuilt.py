@@ -2,17 +2,15 @@
 the same files for the node's torch, Python and GPU is unpacked and imported; any other is refused with its
 reason and the step builds. Stand-ins for the compiled modules are Python modules of the same names, imported
 the same way; the builds themselves are made by `make gpu-kit` and checked on the node (pytest tests/cuda)."""
-import io
 import json
 import sys
 import tarfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import SCRIPTS, add_member
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(SCRIPTS))
 import gpu_check  # noqa: E402
 import gpu_prebuilt  # noqa: E402
 
@@ -24,10 +22,7 @@ def tar_gz(path, files):
     """A .tar.gz at path holding {name: text}."""
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+            add_member(tar, name, text.encode())
     return path
 
 
