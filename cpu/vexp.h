@@ -102,34 +102,39 @@ inline __attribute__((always_inline)) void exp_pair_lanes(typename Lanes<T>::Vec
   neg = (even - odd) * down;
 }
 
+// body(v, j, count) for each vector v of lanes x[j:j + L] of x [n], j = 0, L, 2L, ...; count = L, except for the last
+// n mod L values: one vector padded with the first of them (a value the caller's map takes anyway), count = n mod L
+template <typename T, typename Body>
+inline __attribute__((always_inline)) void lanes_of_row(const T* __restrict__ x, int64_t n, Body body) {
+  constexpr int64_t L = Lanes<T>::kWidth;
+  int64_t j = 0;
+  for (; j + L <= n; j += L) body(load(x + j), j, L);
+  if (j < n) {
+    T tail[L];
+    std::fill(tail, tail + L, x[j]);
+    std::memcpy(tail, x + j, (n - j) * sizeof(T));
+    body(load(tail), j, n - j);
+  }
+}
+
+// the first count lanes of v into out
+template <typename T>
+inline __attribute__((always_inline)) void store_lanes(const typename Lanes<T>::Vec& v, T* __restrict__ out,
+                                                       int64_t count) {
+  std::memcpy(out, &v, count * sizeof(T));
+}
+
 // pos[j] = exp(t) K and neg[j] = exp(-t) K, t = a x[j] + b, j < n, where every |t| <= kPairMax (exp_pair_lanes)
 template <typename T>
 inline __attribute__((always_inline)) void exp_pair_row(const T* __restrict__ x, T a, T b, T K, T* __restrict__ pos,
                                                         T* __restrict__ neg, int64_t n) {
   using Vec = typename Lanes<T>::Vec;
-  constexpr int64_t L = Lanes<T>::kWidth;
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {
+  lanes_of_row(x, n, [&](Vec v, int64_t j, int64_t count) __attribute__((always_inline)) {
     Vec up, down;
-    exp_pair_lanes<T>(load(x + j) * a + b, up, down);
-    up *= K;
-    down *= K;
-    std::memcpy(pos + j, &up, sizeof up);
-    std::memcpy(neg + j, &down, sizeof down);
-  }
-  if (j < n) {  // the last n mod L values, through one vector padded with the first of them (its t within bounds)
-    T tail[L], tail_neg[L];
-    std::fill(tail, tail + L, x[j]);
-    std::memcpy(tail, x + j, (n - j) * sizeof(T));
-    Vec up, down;
-    exp_pair_lanes<T>(load(tail) * a + b, up, down);
-    up *= K;
-    down *= K;
-    std::memcpy(tail, &up, sizeof up);
-    std::memcpy(tail_neg, &down, sizeof down);
-    std::memcpy(pos + j, tail, (n - j) * sizeof(T));
-    std::memcpy(neg + j, tail_neg, (n - j) * sizeof(T));
-  }
+    exp_pair_lanes<T>(v * a + b, up, down);
+    store_lanes<T>(up * K, pos + j, count);
+    store_lanes<T>(down * K, neg + j, count);
+  });
 }
 
 // out[j] = exp(a x[j] + b), j < n (a = 1 or -1: Hedgehog's two halves)
@@ -137,19 +142,9 @@ template <typename T>
 inline __attribute__((always_inline)) void exp_row(const T* __restrict__ x, T a, T b, T* __restrict__ out,
                                                    int64_t n) {
   using Vec = typename Lanes<T>::Vec;
-  constexpr int64_t L = Lanes<T>::kWidth;
-  int64_t j = 0;
-  for (; j + L <= n; j += L) {
-    const Vec y = exp_lanes<T>(load(x + j) * a + b);
-    std::memcpy(out + j, &y, sizeof y);
-  }
-  if (j < n) {  // the last n mod L values, through one vector padded with zeros
-    T tail[L] = {};
-    std::memcpy(tail, x + j, (n - j) * sizeof(T));
-    const Vec y = exp_lanes<T>(load(tail) * a + b);
-    std::memcpy(tail, &y, sizeof y);
-    std::memcpy(out + j, tail, (n - j) * sizeof(T));
-  }
+  lanes_of_row(x, n, [&](Vec v, int64_t j, int64_t count) __attribute__((always_inline)) {
+    store_lanes<T>(exp_lanes<T>(v * a + b), out + j, count);
+  });
 }
 
 }  // namespace fw
