@@ -32,10 +32,11 @@ from fw_fairseq.modules.buffer_order import reorder_buffer
 from fw_fairseq.modules.decoder_state import causal_step, raw_causal_step
 from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, read_source, source_beam, write_source
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
+from fw_fairseq.ops.fused_read.dispatch import takes as fused_read_takes
+from fw_fairseq.ops.guards import state_dtype
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
-_HALF = (torch.float16, torch.bfloat16)
 _NO_CONTEXT = nullcontext()  # reusable: no object made per call
 
 
@@ -141,10 +142,12 @@ class FastWeightAttention(nn.Module):
         logits = tuple(getattr(self, f"{name}_proj")(x) for name in self.rule.scalars)
         return Projected(self.k_proj(x), self.v_proj(x), logits)
 
-    def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Writes:
-        """The written positions' raw keys, values and scalars, head-first; phi_k None (_with_features adds it)."""
-        keys = self._heads(projected.k, dtype)  # [B, H, S, D]
-        v = self._heads(projected.v, dtype)  # [B, H, S, D]
+    def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor], dtype: torch.dtype,
+                heads: torch.dtype) -> Writes:
+        """The written positions' raw keys and values (in `heads`) and scalars (in dtype), head-first; phi_k None
+        (_with_features adds it)."""
+        keys = self._heads(projected.k, heads)  # [B, H, S, D]
+        v = self._heads(projected.v, heads)  # [B, H, S, D]
         # [S, B, H] -> [B, H, S]; a scale of 1 (the usual beta_max, alpha) skips an op a decoding step pays for
         scalars = [torch.sigmoid(logits if logits.dtype == dtype else logits.to(dtype)).permute(1, 2, 0)
                    for logits in projected.scalar_logits]
@@ -234,11 +237,16 @@ class FastWeightAttention(nn.Module):
         projected = self._project(key) if memory is None else None
         # Feature maps, update rule and state in fp32 under --fp16/--amp/autocast (FAVOR+'s exp
         # overflows fp16 and the state sums many steps); the projections above keep autocast.
-        dtype = torch.float32 if q.dtype in _HALF else q.dtype
+        dtype = state_dtype(q.dtype)
+        # the fused GPU read takes half heads as they are (it forms phi and computes in fp32 on chip)
+        heads = q.dtype if buffer is None and fused_read_takes(q) else dtype
         with _without_autocast(query.device.type):
-            q_heads = self._heads(q, dtype)  # [B, H, T, D]
-            writes = self._writes(projected, key_padding_mask, dtype) if projected is not None else None
+            q_heads = self._heads(q, heads)  # [B, H, T, D]
+            writes = self._writes(projected, key_padding_mask, dtype, heads) if projected is not None else None
             o = self._raw_read(q_heads, writes, key_padding_mask, buffer)
+            if o is None and heads != dtype:  # a block the fused read does not take: every other path in dtype
+                q_heads = q_heads.to(dtype)
+                writes = writes._replace(keys=writes.keys.to(dtype), v=writes.v.to(dtype))
             if o is None:
                 phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
                 writes = self._with_features(writes, key_padding_mask) if writes is not None else None

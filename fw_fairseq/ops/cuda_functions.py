@@ -15,7 +15,7 @@ dtype (fp16/bf16/fp32), state [B, H, E, M] in guards.state_dtype of it (float32 
 Outputs o and states come back in the state dtype, as on the chunked path; the gradients of q, k, v
 and beta in the input dtype. The output's gradient is rounded to the input dtype for the backward
 kernels, which read it where they read q, k or v.
-Which calls land here is decided only by fast_weight._cuda_kernel; this file does not choose.
+Which calls land here is decided only by cuda_extension.cuda_kernel; this file does not choose.
 """
 import torch
 

@@ -23,7 +23,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from . import fast_weight as dispatch  # the kernel ops find the extension where the dispatch does
+from . import cuda_extension  # the kernel ops find the extension where the dispatch does
 from .chunked_delta_function import ChunkedDelta
 from .chunked_sum_function import ChunkedSum
 from .cuda_functions import DeltaFunction, GatedDeltaFunction, SumFunction, cuda_delta, cuda_gated_delta, cuda_sum
@@ -188,7 +188,7 @@ def _kernel(kernel: str, inputs: List[Tensor], state0: Tensor) -> List[Tensor]:
     its CUDA wrapper without autograd (the step kernel for T = 1; the backward op differentiates)."""
     wrapper = _KERNELS[kernel][0]
     with torch.no_grad():
-        return list(wrapper(dispatch._cuda_kernel(inputs[0], inputs[2], kernel), *inputs, state0))
+        return list(wrapper(cuda_extension.cuda_kernel(inputs[0], inputs[2], kernel), *inputs, state0))
 
 
 def _kernel_fake(kernel, inputs, state0):
@@ -198,7 +198,7 @@ def _kernel_fake(kernel, inputs, state0):
 
 def _kernel_backward(kernel: str, inputs: List[Tensor], state0: Tensor, do: Tensor, dfinal: Tensor) -> List[Tensor]:
     """The gradients of [*inputs, state0]: the rule's CUDA Function's backward."""
-    ctx = _Context((*inputs, state0), ext=dispatch._cuda_kernel(inputs[0], inputs[2], kernel))
+    ctx = _Context((*inputs, state0), ext=cuda_extension.cuda_kernel(inputs[0], inputs[2], kernel))
     return list(_KERNELS[kernel][1].backward(ctx, do, dfinal)[1:])  # [0]: the extension's (None)
 
 

@@ -12,19 +12,13 @@ unnormalised numerator and z column grow with the sequence); a given initial_sta
 The ops run with autocast off (guards.autocast_off), so under autocast they return what they return
 without it for the same input dtypes; cast the output back to the activations' dtype yourself.
 """
-import logging
-
 import torch
 
+from . import cuda_extension  # through the module: a test stands in for the extension in one place
 from .custom_ops import apply_kernel
 from .guards import autocast_off, state_dtype
 
-logger = logging.getLogger(__name__)
-
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_extension = None  # fw_fairseq._cuda once imported, False if it cannot be imported
-_fallbacks_logged = set()
 
 
 def causal(rule, fn, q, k, v, scalars, initial_state=None, output_final_state=False):
@@ -33,7 +27,7 @@ def causal(rule, fn, q, k, v, scalars, initial_state=None, output_final_state=Fa
     T = 1, its chunked form otherwise. fn names the public op in error messages.
     Returns (o [B, H, T, M], state [B, H, E, M] or None)."""
     q, k, v, scalars, state0 = _check_causal(fn, q, k, v, scalars, initial_state)
-    ext = _cuda_kernel(q, v, rule.kernel)
+    ext = cuda_extension.cuda_kernel(q, v, rule.kernel)
     if ext is None:  # a decoding step (T = 1) skips the chunk machinery
         form = rule.step if q.shape[2] == 1 else rule.chunked
         return form(q, k, v, *scalars, state0, output_final_state)
@@ -46,7 +40,7 @@ def memory(rule, fn, k, v, scalars):
     On CUDA the rule's kernel computes it where rule.kernel_memory says it is the faster way.
     Returns state [B, H, E, M]."""
     _, k, v, scalars, _ = _check_causal(fn, k, k, v, scalars, None, names=("k", "k", "v"))
-    ext = _cuda_kernel(k, v, rule.kernel) if rule.kernel_memory else None
+    ext = cuda_extension.cuda_kernel(k, v, rule.kernel) if rule.kernel_memory else None
     if ext is None:
         return rule.memory(k, v, *scalars)
     # the kernel always reads; reading with q = k is the cheapest valid query
@@ -67,46 +61,6 @@ def fast_weight_read(q, state):
     _check_device("fast_weight_read", q.device, "q", state=state)
     dtype = torch.promote_types(state_dtype(q.dtype), state.dtype)
     return torch.einsum("bhte,bhem->bhtm", q.to(dtype), state.to(dtype))
-
-
-def _cuda_kernel(q, v, kernel):
-    """The single dispatch decision: the compiled extension if it has the kernel named `kernel` (a rule's
-    UpdateRule.kernel: its {kernel}_forward) and can run these inputs, else None (chunked path). An
-    extension built without a rule's kernel falls back for that rule only: no rule runs another's kernel.
-    Falling back on a CUDA tensor is logged once per reason."""
-    global _extension
-    if not q.is_cuda:
-        return None
-    if _extension is None:
-        try:
-            from fw_fairseq import _cuda
-
-            _extension = _cuda if hasattr(_cuda, "MAX_E") else False
-            if not _extension:  # an extension older than the exported limits: its kernels are unknown here
-                _log_fallback("the CUDA extension fw_fairseq._cuda is out of date (no MAX_E); rebuild it")
-        except (ImportError, OSError) as err:
-            _extension = False
-            _log_fallback(f"the CUDA extension fw_fairseq._cuda is not available ({err})")
-    E, M = q.shape[-1], v.shape[-1]
-    if _extension is False:
-        reason = "the CUDA extension fw_fairseq._cuda is not available"
-    elif not hasattr(_extension, f"{kernel}_forward"):
-        reason = f"the CUDA extension fw_fairseq._cuda has no {kernel} kernel"
-    elif q.dtype not in _KERNEL_DTYPES:
-        reason = f"dtype {q.dtype} is not one of the kernel's fp16/bf16/fp32"
-    elif not (1 <= E <= _extension.MAX_E and 1 <= M <= _extension.MAX_M):
-        reason = (f"E={E}, M={M} are outside the kernel's 1 <= E <= {_extension.MAX_E}, "
-                  f"1 <= M <= {_extension.MAX_M}")
-    else:
-        return _extension
-    _log_fallback(reason)
-    return None
-
-
-def _log_fallback(reason):
-    if reason not in _fallbacks_logged:
-        _fallbacks_logged.add(reason)
-        logger.warning("fast weights on CUDA use the chunked PyTorch path: %s", reason)
 
 
 def _kernel_state(q, k, v, state0):

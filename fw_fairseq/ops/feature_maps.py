@@ -14,12 +14,13 @@ from torch import nn
 
 from .dpfp_function import DpfpFunction, dpfp_forward, dpfp_scores
 from .favor_function import FavorFunction, favor_forward, favor_plus, orthogonal_gaussian
+from .fused_read import dispatch as fused_read
 from .feature_attend import short_read
-from .guards import eager_form, records
+from .guards import eager_form, records, state_dtype
 from .normalize_function import PHI_NORMS
+from .rules import RULES
 from .step import fused_lazy_step, raw_lazy_step, raw_source_read, raw_step_kernel
 
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def elu_plus_one(x):
@@ -108,9 +109,11 @@ class FeatureMap(nn.Module, abc.ABC):
         at their pad values where key_padding_mask [B, T] is True), phi normalised by `norm` where the rule has one,
         in one op where the map has a row form in the CPU kernel and it has a read for that rule and length: phi of
         a head's rows formed in cache, never as [B, H, T, E] tensors (feature_attend.py). Else None: the caller forms
-        phi and runs the rule, the same function."""
+        phi and runs the rule, the same function. CUDA heads take the fused Triton read (fused_read/)."""
         if self.kernel_map is None:
             return None
+        if fused_read.takes(q):  # CUDA: the fused Triton read (fused_read/), at every length it takes
+            return fused_read.fused_read_for(self, RULES[rule], q, k, v, scalars, causal, norm, key_padding_mask)
         return short_read(self.kernel_map, self.kernel_nu, self.out_dim, rule, q, k, v, scalars, causal, norm,
                           key_padding_mask, self.kernel_projection)
 
@@ -281,7 +284,7 @@ class FavorPlus(FeatureMap):
         """x: [..., head_dim] -> phi(x): [..., 2m]; `is_query` picks the stabilisation (see below)."""
         if x.shape[-1] != self.head_dim:
             raise ValueError(f"FavorPlus: x has last dim {x.shape[-1]}, expected head_dim={self.head_dim}")
-        dtype = torch.float32 if x.dtype in _HALF_DTYPES else x.dtype
+        dtype = state_dtype(x.dtype)
         return eager_form(FavorFunction, favor_plus, lambda t, *args: favor_forward(t, *args)[0],
                            x.to(dtype), self.projection.to(dtype), is_query)
 

@@ -2,8 +2,8 @@
 attention module, the synthetic task and the dispatch (fast_weight.py) read.
 
 A record says, for its rule: the public causal op and the non-causal write (memory) op, the T = 1
-form and the chunked form the causal op takes off the kernel path, the CUDA wrapper and kernel name,
-which per-position scalars it reads ([B, H, T], in its ops' argument order) and their values at padded
+form and the chunked form the causal op takes off the kernel path, the CUDA wrapper and kernel name, the
+fused GPU read from raw heads, which per-position scalars it reads ([B, H, T], in its ops' argument order) and their values at padded
 positions, whether φ is normalised, and whether it carries the z column. Adding a rule is one
 record and one public op here, its maths (naive.py, chunked forms, step.py) and its kernel.
 
@@ -14,7 +14,7 @@ caller normalises φ (`normalised_phi`: sum or L2, PHI_NORMS) or divides by the 
 dtypes and autocast: fast_weight.py's docstring (the one dtype rule of guards.py).
 """
 from dataclasses import dataclass
-from typing import Callable, Mapping, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
@@ -22,6 +22,7 @@ from .attend_function import attend_short
 from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .effective_writes import effective_writes
+from .fused_read.forms import delta_rule_read, sum_rule_read
 from .fast_weight import _check_causal, _check_tensor, causal, fast_weight_read, memory
 from .guards import autocast_off, records, state_dtype
 from .step import step_delta, step_gated_delta, step_sum
@@ -42,6 +43,7 @@ class UpdateRule:
     pad_values: Mapping[str, float]  # each scalar at a padded position: it must write and decay nothing
     normalised_phi: bool  # phi of keys and queries normalised (PHI_NORMS): keeps the delta write contractive
     z_column: bool  # values carry a ones column: the state's last column is z = sum phi(k) (divide_by_z)
+    fused: Optional[Callable]  # its fused GPU read from raw heads (fused_read/forms.py), None where it has none
 
 
 @autocast_off
@@ -134,17 +136,17 @@ def _delta_memory(k, v, beta, alpha=None):
 SUM = UpdateRule(
     name="sum", causal=fast_weight_sum, write=fast_weight_write, step=step_sum, chunked=chunked_sum,
     memory=_sum_memory, cuda=cuda_sum, kernel="sum", kernel_memory=False, scalars=(), pad_values={},
-    normalised_phi=False, z_column=True,
+    normalised_phi=False, z_column=True, fused=sum_rule_read,
 )
 DELTA = UpdateRule(
     name="delta", causal=fast_weight_delta, write=fast_weight_write, step=step_delta, chunked=chunked_delta,
     memory=_delta_memory, cuda=cuda_delta, kernel="delta", kernel_memory=True, scalars=("beta",),
-    pad_values={"beta": 0.0}, normalised_phi=True, z_column=False,
+    pad_values={"beta": 0.0}, normalised_phi=True, z_column=False, fused=delta_rule_read,
 )
 GATED_DELTA = UpdateRule(
     name="gated_delta", causal=fast_weight_gated_delta, write=fast_weight_write, step=step_gated_delta,
     chunked=chunked_gated_delta, memory=_delta_memory, cuda=cuda_gated_delta, kernel="gated_delta",
     kernel_memory=True, scalars=("beta", "alpha"), pad_values={"beta": 0.0, "alpha": 1.0},
-    normalised_phi=True, z_column=False,
+    normalised_phi=True, z_column=False, fused=delta_rule_read,
 )
 RULES = {rule.name: rule for rule in (SUM, DELTA, GATED_DELTA)}

@@ -18,7 +18,7 @@ import torch
 
 from fw_fairseq.ops import RULES as UPDATE_RULES
 from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_sum, fast_weight_write
-from fw_fairseq.ops import fast_weight as public
+from fw_fairseq.ops import cuda_extension as public
 from fw_fairseq.ops.cuda_functions import DeltaFunction, GatedDeltaFunction, SumFunction
 from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
 
@@ -159,7 +159,7 @@ def test_compiled_steps_equal_forward(compiled, rule, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_public_ops_dispatch_to_the_kernel(compiled, rule, dtype):
     inputs = make_inputs(2, 4, 45, 64, 65, dtype, "cuda")
-    assert public._cuda_kernel(inputs[0], inputs[2], UPDATE_RULES[rule].kernel) is compiled
+    assert public.cuda_kernel(inputs[0], inputs[2], UPDATE_RULES[rule].kernel) is compiled
     check_against_naive(rule, "public", inputs, TOL[dtype])
 
 

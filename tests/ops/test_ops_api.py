@@ -146,10 +146,10 @@ def test_read_rejects_bad_inputs(name, bad, match):
 
 def test_cpu_never_touches_the_cuda_extension(monkeypatch):
     # the dispatch picks the chunked path for CPU tensors before trying to import fw_fairseq._cuda
-    import fw_fairseq.ops.fast_weight as fw
+    import fw_fairseq.ops.cuda_extension as fw
 
     monkeypatch.setattr(fw, "_extension", None)
-    assert fw._cuda_kernel(torch.rand(1, 1, 2, 3), torch.rand(1, 1, 2, 3), "delta") is None
+    assert fw.cuda_kernel(torch.rand(1, 1, 2, 3), torch.rand(1, 1, 2, 3), "delta") is None
     assert fw._extension is None
 
 
@@ -161,14 +161,14 @@ class _CudaLike:
 
 
 def test_dispatch_sends_each_rule_only_to_its_own_kernel(monkeypatch):
-    import fw_fairseq.ops.fast_weight as fw
+    import fw_fairseq.ops.cuda_extension as fw
 
     ungated = SimpleNamespace(MAX_E=512, MAX_M=160, sum_forward=None, delta_forward=None)  # no gated kernel
     monkeypatch.setattr(fw, "_extension", ungated)
     q, v = _CudaLike(2, 3, 5, 64), _CudaLike(2, 3, 5, 65)
-    assert fw._cuda_kernel(q, v, "delta") is ungated
-    assert fw._cuda_kernel(q, v, "gated_delta") is None
+    assert fw.cuda_kernel(q, v, "delta") is ungated
+    assert fw.cuda_kernel(q, v, "gated_delta") is None
     # the limits are the extension's own
-    assert fw._cuda_kernel(q, _CudaLike(2, 3, 5, 161), "delta") is None
-    assert fw._cuda_kernel(q, _CudaLike(2, 3, 5, 160), "delta") is ungated
-    assert fw._cuda_kernel(_CudaLike(2, 3, 5, 64, dtype=torch.float64), v, "delta") is None
+    assert fw.cuda_kernel(q, _CudaLike(2, 3, 5, 161), "delta") is None
+    assert fw.cuda_kernel(q, _CudaLike(2, 3, 5, 160), "delta") is ungated
+    assert fw.cuda_kernel(_CudaLike(2, 3, 5, 64, dtype=torch.float64), v, "delta") is None

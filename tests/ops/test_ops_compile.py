@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from fw_fairseq.ops import fast_weight as dispatch
+from fw_fairseq.ops import cuda_extension
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
 from public_ops import OP_IDS, PUBLIC_OPS
 from rule_runner import run_rule
@@ -74,7 +74,7 @@ def test_compiled_op_equals_eager(make_inputs, name, T, call):
 @pytest.mark.parametrize("T", [1, 5])
 def test_compiled_cuda_branch_equals_eager(make_inputs, monkeypatch, rule, T):
     # the kernel ops run the CUDA wrappers (the step kernel at T = 1) and their Functions' backward
-    monkeypatch.setattr(dispatch, "_cuda_kernel", lambda q, v, kernel: KernelStandIn)
+    monkeypatch.setattr(cuda_extension, "cuda_kernel", lambda q, v, kernel: KernelStandIn)
 
     def call(q, k, v, beta, state):
         o, final_state = run_rule(rule, "public", q, k, v, beta, state)
