@@ -24,6 +24,7 @@ from fairseq import checkpoint_utils, trainer
 
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig, per_block_rules, with_later_flags
 from fw_fairseq.modules.fast_weight_flags import cli_error
+from fw_fairseq.modules.flag_table import BY_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,12 @@ class RecordsFastWeightSettings:
                            "they cannot be checked: load it with the flags it was trained with")
             state_dict[RECORD] = getattr(self, RECORD).clone()
         else:
-            found = differences(with_later_flags(decode(stored)), wanted)
+            record = with_later_flags(decode(stored))
+            unknown = [flag for flag in wanted if flag in BY_NAME and BY_NAME[flag].recorded and flag not in record]
+            if unknown:
+                logger.warning("the checkpoint's record predates %s: not checked; load it with the values it was "
+                               "trained with", ", ".join(unknown))
+            found = differences(record, wanted)
             if found:
                 source = getattr(stored, "fw_source", "the checkpoint")
                 raise cli_error(f"{source} was trained with {found} (its weights fit only "

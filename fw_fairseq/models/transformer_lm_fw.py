@@ -147,8 +147,7 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
 def transformer_lm_fw(args):
     """fairseq's transformer_lm (6 layers, 512 dim, 8 heads: d_key 64) + DPFP-2 delta rule, with the
     paper's LM recipe: sum-normalised phi (§4.2, its Table 3)."""
-    set_fast_weight_defaults(args, feature_map="dpfp", update_rule="delta", places="decoder",
-                             delta_norm="sum")
+    set_fast_weight_defaults(args, "lm")
     base_lm_architecture(args)
     # architectures run while fairseq parses the arguments: shape errors stop there
     decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
@@ -170,8 +169,7 @@ def transformer_lm_fw_wt103_small(args):
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 8)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 2048)
     args.dropout = getattr(args, "dropout", 0.1)
-    set_fast_weight_defaults(args, feature_map="elu", update_rule="delta", dpfp_nu=1,
-                             places="decoder", delta_norm="sum")
+    set_fast_weight_defaults(args, "lm", feature_map="elu", dpfp_nu=1)
     transformer_lm_fw(args)
 
 
@@ -182,6 +180,5 @@ def transformer_lm_fw_tiny(args):
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 64)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 256)
-    set_fast_weight_defaults(args, feature_map="dpfp", update_rule="delta", dpfp_nu=1,
-                             places="decoder", delta_norm="sum")
+    set_fast_weight_defaults(args, "lm", dpfp_nu=1)
     transformer_lm_fw(args)

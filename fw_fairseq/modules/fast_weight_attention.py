@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from fairseq.incremental_decoding_utils import with_incremental_state
 
-from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT, FastWeightConfig
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
+from fw_fairseq.modules.flag_table import GATE_BIAS_INIT
 from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.modules.buffer_order import reorder_buffer

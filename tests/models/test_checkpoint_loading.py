@@ -46,6 +46,7 @@ def test_state_dict_records_what_the_attention_computes():
     assert decode(model.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
+        "--fw-favor-redraw": "never",  # never: the translation models' default
         "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
         "--fw-output-gate": "none", "--fw-encoder-conv": "3"}  # 3: the translation models' default
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
@@ -178,3 +179,23 @@ def test_another_encoder_conv_is_refused_and_records_from_before_it_mean_none():
     # no fast-weight encoder: nothing to record
     softmax_encoder, _ = build_model(fw + ["--fw-attention", "decoder,cross"])
     assert "--fw-encoder-conv" not in decode(softmax_encoder.state_dict()[RECORD])
+
+
+def test_another_favor_redraw_is_refused_and_records_from_before_it_are_not_checked(caplog):
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "favor", "--fw-favor-features", "8", "--fw-update-rule", "sum"]
+    kept, _ = build_model(fw + ["--fw-favor-redraw", "never"])
+    assert decode(kept.state_dict()[RECORD])["--fw-favor-redraw"] == "never"
+    with pytest.raises(SystemExit, match=r"trained with --fw-favor-redraw never, not batch") as err:
+        build_model(fw + ["--fw-favor-redraw", "batch"])[0].load_state_dict(kept.state_dict())
+    assert "\n" not in str(err.value)
+    # a record written before the flag was recorded: the args it came with knew its value, the record does not
+    state = recorded_before(kept, "--fw-favor-redraw")
+    with caplog.at_level(logging.WARNING):
+        build_model(fw + ["--fw-favor-redraw", "batch"], seed=1)[0].load_state_dict(state)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["the checkpoint's record predates --fw-favor-redraw: not checked; load it with the values it "
+                        "was trained with"]
+    # no FAVOR+: nothing to record
+    assert "--fw-favor-redraw" not in decode(build_model(["--fw-feature-map", "dpfp"])[0].state_dict()[RECORD])

@@ -139,7 +139,7 @@ def test_favor_keeps_its_features_by_default_for_translation_and_redraws_them_fo
     assert parse_model_args(FW + ["--fw-feature-map", "favor"]).fw_favor_redraw == "never"
     saved = parse_model_args(FW + ["--fw-feature-map", "favor"])
     del saved.fw_favor_redraw
-    set_fast_weight_defaults(saved)
+    set_fast_weight_defaults(saved, "translation")
     assert saved.fw_favor_redraw == "batch"
 
 

@@ -7,7 +7,7 @@ import torch
 
 from factories import randomize_scalar_projections
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
-from fw_fairseq.modules.fast_weight_config import GATE_BIAS_INIT
+from fw_fairseq.modules.flag_table import GATE_BIAS_INIT
 from fw_fairseq.ops import RULES, dpfp, elu_plus_one
 
 C, H = 12, 2  # d_key 6

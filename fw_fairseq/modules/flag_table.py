@@ -1,0 +1,114 @@
+"""The `--fw-*` flags, one row each: the one table the parser, the architectures' defaults, FastWeightConfig,
+the checkpoint record and the reading of older records are derived from (fast_weight_config.py).
+
+A row says: the flag and the FastWeightConfig field it sets; its argparse options and help; its default in each
+architecture family (FAMILIES: transformer_fw* translation models, transformer_lm_fw* language models; an
+architecture may still override one); the value that args saved before the flag existed imply (`before`; None for
+the flags as old as the plugin's checkpoints); `recorded`, which blocks make the checkpoint record keep it, a
+predicate of the attention (Blocks: the feature map, the fast-weight blocks' rule records, the blocks); and
+`unrecorded`, what a record written before it was recorded means (a flag recorded since it existed: its `before`;
+one recorded only later: unknown, and a load then cannot check it). --fw-attention and the rules are rows for the
+parser and the defaults; fast_weight_config.settings writes their record (one rule, or one per block).
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Callable, FrozenSet, Mapping, Optional, Tuple
+
+from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, parse_beta_max, parse_encoder_conv,
+                                                  parse_output_gate, parse_places, parse_rule, positive_int)
+from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS
+
+FAMILIES = ("translation", "lm")
+FAVOR_REDRAWS = ("batch", "never")  # --fw-favor-redraw: a new R every training forward (the paper), or never
+GATE_BIAS_INIT = 5.0  # the gated rule's alpha bias: alpha = sigmoid(5) = 0.993, training starts near the delta rule
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """What decides which flags a record keeps: the feature map, the fast-weight blocks' rules (UpdateRule
+    records) and the set of fast-weight blocks."""
+
+    feature_map: Optional[str]
+    rules: Tuple
+    places: FrozenSet[str]
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--fw-delta-norm"
+    field: Optional[str]  # the FastWeightConfig field it sets (None: --fw-{place}-rule, kept as block_rules)
+    help: str
+    options: Mapping = field(default_factory=dict)  # add_argument's type, choices, metavar
+    defaults: Mapping[str, object] = field(default_factory=dict)  # family -> default (absent: None)
+    before: object = None  # what args saved before the flag existed imply; None: as old as the plugin's args
+    recorded: Optional[Callable[[Blocks], bool]] = None  # the record keeps it where this holds
+    unrecorded: Optional[str] = None  # what a record without it means where `recorded` holds; None: unknown
+    value: Optional[Callable] = None  # its value in the record, of a FastWeightConfig (None: str of the field)
+
+    @property
+    def attr(self):
+        """The args attribute: --fw-delta-norm -> fw_delta_norm."""
+        return self.name[2:].replace("-", "_")
+
+
+def _uses_rule_with(predicate):
+    return lambda blocks: any(predicate(rule) for rule in blocks.rules)
+
+
+_PLACE_WORDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+                "cross": "encoder-decoder attention"}
+
+FLAGS = (
+    Flag("--fw-feature-map", "feature_map", "feature map phi: elu (ELU+1, linear Transformer), dpfp (DPFP-nu, "
+         "d_dot = 2*d_key*nu), favor (FAVOR+, d_dot = 2m) or hedgehog ([softmax(x), softmax(-x)], d_dot = 2*d_key)",
+         dict(choices=FEATURE_MAPS), dict(translation="dpfp", lm="dpfp")),
+    Flag("--fw-update-rule", "update_rule", "sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
+         "delta: the paper's delta rule with learned beta and normalised phi; gated_delta: the delta rule with a "
+         "learned decay alpha = sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
+         f"{GATE_BIAS_INIT:g} so that alpha starts near 1 ({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f})",
+         dict(choices=UPDATE_RULES), dict(translation="sum", lm="delta")),
+    *(Flag(f"--fw-{place}-rule", None, f"the update rule of {words} (default: --fw-update-rule)",
+           dict(type=parse_rule(f"--fw-{place}-rule"), metavar="{" + ",".join(UPDATE_RULES) + "}"))
+      for place, words in _PLACE_WORDS.items()),
+    # l2 for translation: with the paper's sum normalisation the delta rule in every block reached 0.49x softmax
+    # BLEU at 600 updates (seed 1), with L2 0.87x over three seeds (results/compare_attention)
+    Flag("--fw-delta-norm", "delta_norm", "normalisation of phi(k) and phi(q) in the delta rules: sum (phi/sum(phi), "
+         "the paper) or l2 (phi/||phi||, DeltaNet: a write at beta = 1 overwrites exactly; the default of the "
+         "translation models); the sum rule divides by z instead and ignores it",
+         dict(choices=tuple(PHI_NORMS)), dict(translation="l2", lm="sum"), before="sum",
+         recorded=_uses_rule_with(lambda rule: rule.normalised_phi), unrecorded="sum"),
+    Flag("--fw-beta-bias", "beta_bias", "initial bias of the delta rules' beta projection: beta starts at "
+         "max*sigmoid(B) (default 0: beta = max/2); ignored by the sum rule",
+         dict(type=float, metavar="B"), dict(translation=0.0, lm=0.0), before=0.0),
+    Flag("--fw-delta-beta-max", "beta_max", "beta = max * sigmoid(w_beta^T x) of the delta rules: 1 keeps beta in "
+         "(0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi et al. 2024); the sum rule has no "
+         "beta and ignores it", dict(type=parse_beta_max, metavar="{" + ",".join(map(str, BETA_MAX)) + "}"),
+         dict(translation=1, lm=1), before=1, recorded=_uses_rule_with(lambda rule: "beta" in rule.scalars),
+         unrecorded="1"),
+    Flag("--fw-dpfp-nu", "dpfp_nu", "DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)",
+         dict(type=positive_int("--fw-dpfp-nu"), metavar="NU"), dict(translation=2, lm=2),
+         recorded=lambda blocks: blocks.feature_map == "dpfp"),
+    Flag("--fw-favor-features", "favor_features", "FAVOR+ random features m (d_dot = 2m)",
+         dict(type=positive_int("--fw-favor-features"), metavar="M"), dict(translation=128, lm=128),
+         recorded=lambda blocks: blocks.feature_map == "favor"),
+    # FAVOR+ with the features drawn at initialisation kept: 0.97x softmax BLEU at 600 updates over three seeds
+    # with the encoder's convolution, against 0.74x redrawing them every batch (results/compare_attention/conv)
+    Flag("--fw-favor-redraw", "favor_redraw", "FAVOR+'s random features in training: batch draws new ones every "
+         "forward (the paper; the default for language models), never keeps those drawn at initialisation (the "
+         "default for translation); eval never redraws", dict(choices=FAVOR_REDRAWS),
+         dict(translation="never", lm="batch"), before="batch", recorded=lambda blocks: blocks.feature_map == "favor"),
+    Flag("--fw-output-gate", "output_gate", "none: the read goes to the output projection as it is (the paper); "
+         "channel or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, one gate per channel "
+         "or one per head, in every fast-weight block or, with :LIST (e.g. channel:cross), in those of "
+         "encoder,decoder,cross only", dict(type=parse_output_gate, metavar="{none,channel,head}[:LIST]"),
+         dict(translation="none", lm="none"), before="none", recorded=lambda blocks: bool(blocks.places),
+         unrecorded="none", value=lambda config: config.gate_record()),
+    Flag("--fw-encoder-conv", "encoder_conv", "encoder self-attention adds a depthwise convolution of width K over "
+         "its values to its read (beyond the paper; FLatten Transformer, Han et al. 2023): 0 (off, the paper) or an "
+         "odd K >= 3 (default 3 for translation)", dict(type=parse_encoder_conv, metavar="K"),
+         dict(translation=3, lm=0), before=0, recorded=lambda blocks: "encoder" in blocks.places, unrecorded="0"),
+    Flag("--fw-attention", "places", "which attention blocks use fast weights: 'all', 'none' (the standard "
+         "Transformer) or a comma-separated subset of encoder,decoder,cross; the others stay softmax attention",
+         dict(type=parse_places, metavar="LIST"), dict(translation="encoder,decoder,cross", lm="decoder")),
+)
+BY_NAME = {flag.name: flag for flag in FLAGS}

@@ -1,0 +1,45 @@
+"""The `--fw-*` flags come from one table (fw_fairseq/modules/flag_table.py): the parser registers its rows, the
+architecture families take their defaults from it, and the record and the reading of older records follow its
+`recorded` and `unrecorded` columns."""
+import pytest
+
+from factories import parse_args, parse_model_args
+from fw_fairseq.modules import flag_table
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, with_later_flags
+
+LM = ["--arch", "transformer_lm_fw_tiny"]
+
+
+def test_the_parser_registers_every_row_and_only_those():
+    args = vars(parse_model_args([]))
+    fw_attrs = {name for name in args if name.startswith("fw_") and name != "fw_carry_state"}
+    assert fw_attrs == {flag.attr for flag in flag_table.FLAGS}
+
+
+@pytest.mark.parametrize("family, argv", [("translation", []), ("lm", LM)])
+def test_each_family_takes_its_defaults_from_the_table(family, argv):
+    args = parse_model_args([]) if family == "translation" else parse_args("language_modeling", LM)
+    config = FastWeightConfig.from_args(args)
+    for flag in flag_table.FLAGS:
+        default = flag.defaults.get(family)
+        if flag.field in (None, "places") or default is None or (family == "lm" and flag.field == "dpfp_nu"):
+            continue  # places: a set in the config; the tiny LM overrides nu
+        assert getattr(config, flag.field) == default, flag.name
+
+
+def test_a_flag_missing_from_older_args_takes_its_before_value():
+    saved = parse_model_args(["--fw-feature-map", "favor"])
+    for flag in flag_table.FLAGS:
+        if flag.before is not None:
+            delattr(saved, flag.attr)
+    config = FastWeightConfig.from_args(saved)
+    assert (config.delta_norm, config.favor_redraw, config.encoder_conv, config.output_gate) == ("sum", "batch", 0,
+                                                                                                  "none")
+
+
+def test_later_flags_fill_only_what_the_table_knows():
+    old = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor", "--fw-update-rule": "delta",
+           "--fw-favor-features": "8"}
+    filled = with_later_flags(old)
+    assert filled == {**old, "--fw-delta-norm": "sum", "--fw-delta-beta-max": "1", "--fw-output-gate": "none",
+                      "--fw-encoder-conv": "0"}  # --fw-favor-redraw: unknown, left out
