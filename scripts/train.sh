@@ -39,7 +39,8 @@ remove_bpe=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["re
 # number, and use fp16 (not --bf16, which also switches fairseq into TPU mode) on GPUs.
 ngpu=$(python -c 'import torch; print(torch.cuda.device_count())')
 if ((ngpu > 0)); then
-  device_args=(--fp16 --update-freq $(((PAPER_BATCHES_PER_UPDATE + ngpu - 1) / ngpu)))
+  freq=$(update_freq "$ngpu") || exit 1
+  device_args=(--fp16 --update-freq "$freq")
 else
   device_args=(--update-freq "$PAPER_BATCHES_PER_UPDATE")
 fi

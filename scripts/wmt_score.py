@@ -6,7 +6,8 @@ Two numbers, since the literature reports both:
   with its signature (the paper's Table 1 cites sacrebleu);
 - "tokenised BLEU" on Moses-tokenised text with compound splitting, as fairseq's
   scripts/compound_split_bleu.sh and tensor2tensor's get_ende_bleu.sh compute it
-  (the 29.3 of Ott et al. 2018 is this number). fairseq-score --sacrebleu does not work
+  (the metric of Vaswani et al. 2017's 28.4 and Ott et al. 2018's 29.3; their data differs from ours:
+  Ott et al. train on WMT16's preparation, so the numbers compare only roughly). fairseq-score --sacrebleu does not work
   with sacrebleu 2.x, so sacrebleu is called directly with tokenize="none".
 """
 import argparse

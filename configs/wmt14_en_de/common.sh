@@ -14,6 +14,18 @@ RESULTS_DIR=${RESULTS_DIR:-$REPO/work/results/wmt14_en_de}
 # among the GPUs it finds so that the effective batch stays the same.
 PAPER_BATCHES_PER_UPDATE=48
 
+# update_freq NGPU: the batches each of NGPU GPUs accumulates per update (48 / NGPU), or one line
+# naming the GPU counts that keep 48 exactly and exit 1 (5 GPUs would give 50 batches an update).
+update_freq() {
+  local n=$1
+  if ((n < 1 || PAPER_BATCHES_PER_UPDATE % n)); then
+    echo "train.sh: $n GPUs cannot keep the paper's $PAPER_BATCHES_PER_UPDATE batches per update; allowed:" \
+      "1, 2, 3, 4, 6, 8, 12, 16, 24 or 48 (set CUDA_VISIBLE_DEVICES)" >&2
+    return 1
+  fi
+  echo $((PAPER_BATCHES_PER_UPDATE / n))
+}
+
 TRAIN_ARGS=(
   --task translation --source-lang en --target-lang de
   --arch transformer_fw_big --share-all-embeddings

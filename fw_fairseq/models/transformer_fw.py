@@ -69,6 +69,16 @@ class FastWeightTransformerEncoder(TransformerEncoder):
 
 
 class FastWeightTransformerDecoder(TransformerDecoder):
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        # fairseq's generator sets the beam size on every attention of the decoder and never sets it back, and
+        # fairseq's softmax cross-attention then keeps every beam-th source of a batch: after --eval-bleu's beam
+        # search, validation and training forwards read the wrong sentences (or fail on an odd batch). A forward
+        # without incremental state is no beam search.
+        if incremental_state is None:
+            self.set_beam_size(1)
+        return super().forward(prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
+                               **kwargs)
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = FastWeightDecoderLayer(cfg, FastWeightConfig.from_args(cfg),
                                        no_encoder_attn=no_encoder_attn)

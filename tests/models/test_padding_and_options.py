@@ -157,3 +157,16 @@ def test_bf16_autocast_keeps_state_in_fp32_and_finite(feature_map):
     # the states (not the memory's hypothesis -> row index)
     cached = [v for buf in state.values() for v in buf.values() if v.is_floating_point()]
     assert cached and all(v.dtype == torch.float32 for v in cached)
+
+
+@pytest.mark.parametrize("attention", ["none", "all"])
+def test_a_forward_after_a_beam_search_reads_every_sentences_source(attention):
+    # fairseq's generator (as --eval-bleu runs it during training) sets the beam size and leaves it set; softmax
+    # cross-attention would then keep every second source of the next teacher-forced batch
+    model, d = build_model(FW + ["--fw-attention", attention])
+    g = torch.Generator().manual_seed(0)
+    src, prev = random_tokens(d, 3, 6, g), random_tokens(d, 3, 5, g)
+    expected, _ = model(src, torch.full((3,), 6), prev)
+    model.set_beam_size(2)
+    got, _ = model(src, torch.full((3,), 6), prev)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
