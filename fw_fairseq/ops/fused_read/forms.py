@@ -10,16 +10,16 @@ import torch
 from ..guards import records, state_dtype
 
 logger = logging.getLogger(__name__)
-_kernels = None  # (launch, sum_read) once imported, False where Triton is missing
+_kernels = None  # (launch, sum_read, delta_read) once imported, False where Triton is missing
 
 
 def kernels():
-    """The kernels' modules (launch, sum_read), or False where Triton cannot be imported."""
+    """The kernels' modules (launch, sum_read, delta_read), or False where Triton cannot be imported."""
     global _kernels
     if _kernels is None:
         try:
-            from . import launch, sum_read
-            _kernels = (launch, sum_read)
+            from . import delta_read, launch, sum_read
+            _kernels = (launch, sum_read, delta_read)
         except ImportError as err:
             logger.warning("the fused GPU read is not available (%s): phi is formed in memory instead", err)
             _kernels = False
@@ -38,9 +38,7 @@ def sum_rule_read(spec, q, k, v, scalars, causal, norm, key_padding_mask):
 def delta_rule_read(spec, q, k, v, scalars, causal, norm, key_padding_mask):
     """The delta rules' fused form, alpha the gated rule's second scalar. Padding is in the scalars' pad values
     (beta = 0, alpha = 1) and the zero value rows: no mask."""
-    from . import delta_read  # Triton is there: kernels() ran before any form
-
     dtype = state_dtype(q.dtype)  # the module's scalars are fp32 beside half heads
     beta = scalars[0].to(dtype).contiguous()
     alpha = scalars[1].to(dtype).contiguous() if len(scalars) > 1 else None
-    return delta_read.delta_read(spec, q, k, v, beta, alpha, causal, norm)
+    return kernels()[2].delta_read(spec, q, k, v, beta, alpha, causal, norm)

@@ -27,6 +27,9 @@ from ..cpu_extension import KERNEL_MAPS
 
 # the maps' codes, as the kernels take them (MAP): constexpr, the only globals a compiled kernel may read
 DPFP, ELU, HEDGEHOG, FAVOR = (tl.constexpr(KERNEL_MAPS[name]) for name in ("dpfp", "elu", "hedgehog", "favor"))
+# the sizes phi's forms convert to floats (d^-1/4, sqrt(2m)): a kernel that passes them on names them in its
+# do_not_specialize, as Triton would make a size of 1 a constant, which has no .to()
+SIZES = ("d", "m")
 
 
 @triton.jit
@@ -34,6 +37,20 @@ def load_rows(x_ptr, rows, ok, srow, DB: tl.constexpr, d):
     """The raw rows [BT, DB] (0 past d and at rows that do not exist), in their own dtype."""
     c = tl.arange(0, DB)
     return tl.load(x_ptr + rows[:, None] * srow + c[None, :], mask=ok[:, None] & (c[None, :] < d), other=0.0)
+
+
+@triton.jit
+def load_tile(ptr, rows, ok, stride, n, NB: tl.constexpr):
+    """ptr[rows, :n] [BT, NB], 0 elsewhere."""
+    c = tl.arange(0, NB)
+    return tl.load(ptr + rows[:, None] * stride + c[None, :], mask=ok[:, None] & (c[None, :] < n), other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, rows, ok, stride, n, x, NB: tl.constexpr):
+    """ptr[rows, :n] = x [BT, NB], in ptr's dtype."""
+    c = tl.arange(0, NB)
+    tl.store(ptr + rows[:, None] * stride + c[None, :], x.to(ptr.dtype.element_ty), mask=ok[:, None] & (c[None, :] < n))
 
 
 @triton.jit

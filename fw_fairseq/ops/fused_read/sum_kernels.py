@@ -12,10 +12,7 @@ dk is 0, as the CPU kernel's. Causal blocks need Tq = T and mask key s > query t
 import triton
 import triton.language as tl
 
-from .phi_tiles import FAVOR, dx_chunk, favor_shift_dx, phi_chunk, row_stats
-
-# sizes the kernels convert to floats (d^-1/4, sqrt(2m)): Triton would make a size of 1 a constant, which has no .to
-_SIZES = ("d", "m")
+from .phi_tiles import FAVOR, SIZES, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats, store_tile
 
 
 @triton.jit
@@ -51,18 +48,6 @@ def _keep(qrows, krows, kok, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _load(ptr, rows, ok, stride, n, NB: tl.constexpr):
-    c = tl.arange(0, NB)
-    return tl.load(ptr + rows[:, None] * stride + c[None, :], mask=ok[:, None] & (c[None, :] < n), other=0.0)
-
-
-@triton.jit
-def _store(ptr, rows, ok, stride, n, x, NB: tl.constexpr):
-    c = tl.arange(0, NB)
-    tl.store(ptr + rows[:, None] * stride + c[None, :], x.to(ptr.dtype.element_ty), mask=ok[:, None] & (c[None, :] < n))
-
-
-@triton.jit
 def _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT: tl.constexpr):
     """This program's (b H + h, b, h, first row of its block) and the pointers to its head of q, k and v."""
     bh, start = tl.program_id(0), tl.program_id(1) * BT
@@ -74,12 +59,12 @@ def _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT: tl.conste
 def _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, sot, sgb, sgh, sgt,
                  MB: tl.constexpr, ACC: tl.constexpr):
     """A query block's dy [BT, M], delta = rowsum(dy * y) and n [BT]."""
-    dy = _load(do_ptr + b * sgb + h * sgh, qrows, qok, sgt, M, MB).to(ACC)
-    delta = tl.sum(dy * _load(o_ptr + b * sob + h * soh, qrows, qok, sot, M, MB).to(ACC), axis=1)
+    dy = load_tile(do_ptr + b * sgb + h * sgh, qrows, qok, sgt, M, MB).to(ACC)
+    delta = tl.sum(dy * load_tile(o_ptr + b * sob + h * soh, qrows, qok, sot, M, MB).to(ACC), axis=1)
     return dy, delta, tl.load(n_ptr + bh * Tq + qrows, mask=qok, other=1.0)
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=SIZES)
 def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T, d, E, m, M, eps,
                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
@@ -98,13 +83,13 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T,
         s = _scores(q_ptr, k_ptr, proj_ptr, qrows, qok, krows, kok, sqt, skt, qs, ks, d, E, m, MAP, DB, EC, PREC, ACC)
         s = tl.where(_keep(qrows, krows, kok, CAUSAL), s, 0.0)
         z += tl.sum(s, axis=1)
-        acc += tl.dot(s, _load(v_ptr, krows, kok, svt, M, MB).to(ACC), input_precision=PREC)
+        acc += tl.dot(s, load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC), input_precision=PREC)
     n = z + eps
-    _store(o_ptr + b * sob + h * soh, qrows, qok, sot, M, acc / n[:, None], MB)
+    store_tile(o_ptr + b * sob + h * soh, qrows, qok, sot, M, acc / n[:, None], MB)
     tl.store(n_ptr + bh * Tq + qrows, n, mask=qok)
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=SIZES)
 def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, proj_ptr, H, Tq, T, d, E, m, M,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
                    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
@@ -122,7 +107,7 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
     for kj in range(0, hi, BT):
         krows, kok = _key_rows(mask_ptr, b, kj, T, BT, HAS_MASK)
         ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
-        v = _load(v_ptr, krows, kok, svt, M, MB).to(ACC)
+        v = load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC)
         dp = (tl.dot(dy, tl.trans(v), input_precision=PREC) - delta[:, None]) / n[:, None]
         dp = tl.where(_keep(qrows, krows, kok, CAUSAL), dp, 0.0)  # [BT, BT]
         for c0 in range(0, E, EC):
@@ -138,10 +123,10 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
                 de_sum += tl.sum(g * pq.to(ACC), axis=1)
     if MAP == FAVOR:
         dx += favor_shift_dx(q_ptr, proj_ptr, qrows, qok, sqt, d, m, qs[1], de_sum, DB).to(ACC)
-    _store(dq_ptr + b * sqb + h * sqh, qrows, qok, sqt, d, dx, DB)
+    store_tile(dq_ptr + b * sqb + h * sqh, qrows, qok, sqt, d, dx, DB)
 
 
-@triton.jit(do_not_specialize=_SIZES)
+@triton.jit(do_not_specialize=SIZES)
 def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, mask_ptr, proj_ptr,
                     H, Tq, T, d, E, m, M,
                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
@@ -151,7 +136,7 @@ def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, m
     bh, b, h, kj, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
     krows, kok = _key_rows(mask_ptr, b, kj, T, BT, HAS_MASK)
     ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
-    v = _load(v_ptr, krows, kok, svt, M, MB).to(ACC)
+    v = load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC)
     dv = tl.zeros([BT, MB], dtype=ACC)
     dx = tl.zeros([BT, DB], dtype=ACC)
     for qi in range(kj if CAUSAL else 0, Tq, BT):
@@ -172,5 +157,5 @@ def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, m
             g = tl.dot(dpt, pq, input_precision=PREC)  # dphi(k) [BT, EC]
             dx += dx_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, g, d, E, m, ks[0], ks[1], ks[2], ks[3], False,
                            MAP, DB, PREC).to(ACC)
-    _store(dk_ptr + b * skb + h * skh, krows, kj + tl.arange(0, BT) < T, skt, d, dx, DB)
-    _store(dv_ptr + b * svb + h * svh, krows, kj + tl.arange(0, BT) < T, svt, M, dv, MB)
+    store_tile(dk_ptr + b * skb + h * skh, krows, kj + tl.arange(0, BT) < T, skt, d, dx, DB)
+    store_tile(dv_ptr + b * svb + h * svh, krows, kj + tl.arange(0, BT) < T, svt, M, dv, MB)

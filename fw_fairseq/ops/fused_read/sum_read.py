@@ -11,7 +11,7 @@ import triton
 from ..guards import first_order, state_dtype
 from ..z_column import Z_EPS
 from . import sum_kernels
-from .launch import block_t, precision, rowwise
+from .launch import NUM_STAGES, block_t, precision, rowwise
 
 
 def _launch_args(spec, q, k, v, mask):
@@ -20,7 +20,7 @@ def _launch_args(spec, q, k, v, mask):
     prec, acc = precision(q.dtype)
     bt = block_t(max(Tq, T))
     meta = dict(HAS_MASK=mask is not None, MAP=spec.code, DB=spec.db, MB=max(16, triton.next_power_of_2(M)),
-                EC=spec.ec, BT=bt, PREC=prec, ACC=acc)
+                EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
     sizes = (H, Tq, T, d, spec.E, spec.m, M)
     mask = mask if mask is not None else q.new_zeros(1, dtype=torch.uint8)
     return B * H, bt, meta, sizes, mask
