@@ -1,20 +1,24 @@
 """The GPU check on an offline node (run through scripts/gpu_check.sh): install the kit, build, check, time.
 
     scripts/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
-    scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, sanitizers, tests/cuda, ops benchmark
+    scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, fused read, sanitizers, tests/cuda, ops
     scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph step, end-to-end timing
     scripts/gpu_check.sh --dry-run                                      # print the plan, run nothing
 
 Each step runs in its own process under a time limit taken from what is left of --budget-s; a failing or
 timed-out step is recorded and the next one runs. The output folder gets check.json (machine, versions,
 every step's status, time and log tail), logs.txt (every step's full output), the benchmarks' JSON files
-and summary.md (scripts/gpu_summary.py), at most 8 files so that a lent machine returns all of them.
+and summary.md (scripts/gpu_summary.py), at most 8 files so that a remote run can return all of them.
 Builds go to ignored folders of the checkout (.gpu_site/ for the kit and fairseq, fw_fairseq/_cuda*.so),
 stamped with what they were built from, so a second part on the same machine skips them; where the kit holds
 the same build made beforehand (scripts/gpu_prebuilt.py: same files, torch, Python and GPU), it is unpacked
 and imported instead ("prebuilt"), and the device's time goes to the checks.
+Triton compiles into .gpu_site/triton_cache (TRITON_CACHE_DIR): warm_triton fills it before the fused read's tests
+and benchmark, from the kit's cache of the benchmark's kernels compiled beforehand (scripts/gpu_triton_cache.py)
+where it fits the node's Triton, else by compiling them here, so that the timed steps start warm.
 """
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -47,6 +51,12 @@ STEPS = [
     Step("install_kit", ("kernels", "fairseq"), 120, 20, "the kit's wheels into .gpu_site/ (pip --no-index --target)"),
     Step("build_fairseq", ("fairseq",), 300, 60, "fairseq-fixed from its sdist against the node's torch"),
     Step("build_extension", ("kernels", "fairseq"), 300, 60, "fw_fairseq._cuda for this GPU (setup.py build_ext)"),
+    # the fused read first: the newest kernels get the device's time before the older, slower steps
+    Step("warm_triton", ("kernels",), 120, 10, "Triton's cache of the fused read's kernels: the kit's, or compiled "
+         "here (scripts/gpu_triton_cache.py --device cuda)"),
+    Step("pytest_fused", ("kernels",), 150, 20, "python -m pytest tests/ops/test_fused_read*.py, compiled on CUDA"),
+    # fla's kernels autotune on their first call of each shape: 20-30 s each on an H100
+    Step("bench_fused", ("kernels",), 240, 30, "benchmarks/bench_fused_read_gpu.py --quick"),
     Step("pytest_cuda", ("kernels",), 240, 30, "python -m pytest tests/cuda"),
     Step("memcheck", ("kernels",), 150, 30, "compute-sanitizer --tool memcheck over every kernel, small shapes"),
     Step("racecheck", ("kernels",), 150, 30, "compute-sanitizer --tool racecheck over every kernel, small shapes"),
@@ -73,7 +83,8 @@ class Check:
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.site / "fairseq-src"), str(self.site),
                                                                 str(REPO)]),
                         PATH=os.pathsep.join([str(self.site / "bin"), os.environ.get("PATH", "")]),
-                        PYTHONUNBUFFERED="1")
+                        PYTHONUNBUFFERED="1", TRITON_CACHE_DIR=str(self.site / "triton_cache"))
+        self.env.pop("TRITON_INTERPRET", None)  # the Triton kernels run compiled here
         cuda_home = find_cuda_home()
         if cuda_home:
             self.env["CUDA_HOME"] = cuda_home
@@ -87,6 +98,7 @@ class Check:
         sanitize = [py, str(REPO / "benchmarks" / "gpu_sanitize_cases.py")]
         cuda_bin = Path(self.env.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
         sanitizer = shutil.which("compute-sanitizer") or (str(cuda_bin) if cuda_bin.exists() else "compute-sanitizer")
+        fused_tests = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests" / "ops").glob("test_fused_read*.py"))]
         return {
             "environment": [py, str(REPO / "scripts" / "gpu_check.py"), "--environment-only", "--out", str(out)],
             "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -103,6 +115,12 @@ class Check:
             "build_fast_transformers": [py, str(REPO / "scripts" / "gpu_build_peer.py"), str(peer), str(site)],
             "memcheck": [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", *sanitize],
             "racecheck": [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
+            "warm_triton": [py, str(REPO / "scripts" / "gpu_triton_cache.py"), "--cache", str(site / "triton_cache"),
+                            "--device", "cuda"],
+            # None where the checkout has none yet: pytest given no file would run every test
+            "pytest_fused": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *fused_tests] if fused_tests else None,
+            "bench_fused": [py, str(REPO / "benchmarks" / "bench_fused_read_gpu.py"), "--quick", "--out",
+                            str(out / "bench_fused_read.json")],
             "pytest_cuda": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"],
             "bench_ops": [py, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick", "--out", str(out / "bench_gpu.json")],
             "cuda_graph": [py, str(REPO / "benchmarks" / "gpu_cuda_graph.py")],
@@ -115,7 +133,8 @@ class Check:
         digest of the sources and the Python that built them (another interpreter needs its own build)."""
         python = f"{sys.executable} {platform.python_version()}"
         built = {"build_fairseq": self.site / ".fairseq", "build_extension": REPO / "fw_fairseq" / ".cuda_build",
-                 "build_fast_transformers": self.site / ".fast_transformers"}
+                 "build_fast_transformers": self.site / ".fast_transformers",
+                 "warm_triton": self.site / ".triton_cache"}
         stamps = {"install_kit": (self.site / ".kit", sorted(self.kit.glob("*.whl"))),
                   **{step: (stamp, sources(step, REPO, self.kit)) for step, stamp in built.items()}}
         return {step: (stamp, f"{python} {digest(*files)}") for step, (stamp, files) in stamps.items()}
@@ -125,9 +144,11 @@ class Check:
         self.out.mkdir(parents=True, exist_ok=True)
         for step in steps:
             left = self.deadline - time.monotonic()
-            entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name])}
+            entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name] or [])}
             stamp, want = stamps.get(step.name, (None, None))
-            if stamp is not None and stamp.exists() and stamp.read_text() == want:
+            if commands[step.name] is None:
+                entry.update(command="", status="skipped", seconds=0.0, tail="no tests/ops/test_fused_read*.py here")
+            elif stamp is not None and stamp.exists() and stamp.read_text() == want:
                 entry.update(status="cached", seconds=0.0, tail="already built from the same files on this machine")
             elif left < step.min_s:
                 entry.update(status="skipped", seconds=0.0, tail=f"out of budget: {left:.0f} s left, needs {step.min_s}")
@@ -214,8 +235,12 @@ def environment(out):
             return None
 
     smi = tool("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    try:  # the kit's Triton cache fits one Triton build (gpu_prebuilt.unpack compares it); not imported: slow
+        triton_version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton_version = None
     info = {"python": platform.python_version(), "host": platform.node(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "cuda": torch.version.cuda, "nvidia_smi": smi,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "nvidia_smi": smi,
             "nvcc": (tool("nvcc", "--version") or "").splitlines()[-1:] or None,
             "compute_sanitizer": (tool("compute-sanitizer", "--version") or "").splitlines()[-1:] or None,
             # the C++ compiler the extensions are built with, and the C++ runtime that torch runs on: the
@@ -272,7 +297,8 @@ def main(argv=None):
     if args.dry_run:
         commands = check.commands()
         for s in steps:
-            print(f"{s.name:<24} ≤{s.max_s:>4} s  {s.what}\n    {shlex.join(commands[s.name])}")
+            command = shlex.join(commands[s.name]) if commands[s.name] else "(nothing to run in this checkout)"
+            print(f"{s.name:<24} ≤{s.max_s:>4} s  {s.what}\n    {command}")
         return
     check.run(steps)
     subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_summary.py"), str(args.out)], check=False)

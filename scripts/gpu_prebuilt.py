@@ -1,7 +1,7 @@
 """Builds made here for the GPU node and carried in the kit, so that its check spends device time on checks.
 
 The node's three builds (gpu_check.py's build_extension, build_fairseq, build_fast_transformers) took 346 of
-the 790 seconds a lent machine gave the check (results/gpu_h200_2026-11-26_s18). They need no GPU: a
+the 790 seconds of an H200 run of the check (results/gpu_h200_2026-11-26_s18). They need no GPU: a
 CUDA build of the node's torch (scripts/gpu_node.txt; PyPI's torch 2.11.0 is the node's 2.11.0+cu130), the
 same CUDA 13.0 nvcc, CPython 3.12 and the GPU's architecture (Hopper: 9.0a) are enough, and this machine has
 all four. So `make gpu-kit` (scripts/gpu_kit.py) runs build(): in a CPython 3.12 virtual environment
@@ -10,6 +10,9 @@ prebuilt-<step>.tar.gz, recorded in MANIFEST.json with the digest of the files i
 Python and architecture. On the node, gpu_check.py calls unpack() before each build step: an archive made from
 the same files for the node's torch, Python and GPU is unpacked and imported, and the step is recorded as
 "prebuilt"; anything else (another commit's cuda/, an import error) and the step builds there as before.
+The same holds for Triton's kernel cache of the fused read (gpu_check.py's warm_triton): compiled here for the GPU's
+architecture by scripts/gpu_triton_cache.py in the build venv, whose Triton is the node's, and checked on the node
+against its Triton version as well.
 """
 import glob
 import hashlib
@@ -23,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
+
+from gpu_triton_cache import relocate
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = "9.0a"  # H100 and H200 (capability 9.0); torch builds them as sm_90a
@@ -47,8 +52,10 @@ def sdist(kit, step):
 
 
 def sources(step, repo, kit):
-    """The files a build step's result depends on: the kit's sdist it builds, else fw_fairseq's extension sources
-    (build_ext builds both extensions: the CUDA kernels and the CPU one)."""
+    """The files a build step's result depends on: the item's own list, the kit's sdist it builds, else fw_fairseq's
+    extension sources (build_ext builds both extensions: the CUDA kernels and the CPU one)."""
+    if ITEMS[step].files is not None:
+        return ITEMS[step].files(repo)
     if ITEMS[step].sdist is None:
         return [*(repo / "cuda").iterdir(), *(repo / "cpu").iterdir(), repo / "setup.py"]
     path = sdist(kit, step)
@@ -68,8 +75,11 @@ def unpack(step, kit, repo, site, node, env):
         return False, "the kit has no prebuilt build"
     archive, files = kit / entry["file"], sources(step, repo, kit)
     python = ".".join(map(str, sys.version_info[:2]))
-    for what, have, want in (("torch", node.get("torch"), entry["torch"]), ("Python", python, entry["python"]),
-                             ("GPU capability", node.get("capability"), entry["arch"].rstrip("a"))):
+    checks = [("torch", node.get("torch"), entry["torch"]), ("Python", python, entry["python"]),
+              ("GPU capability", node.get("capability"), entry["arch"].rstrip("a"))]
+    if "triton" in entry:  # a kernel cache fits the Triton build that made it, and no other
+        checks.append(("Triton", node.get("triton"), entry["triton"]))
+    for what, have, want in checks:
         if have != want:
             return False, f"built for {what} {want}, this node has {have}"
     if not files or digest(*files) != entry["from"]:
@@ -82,6 +92,8 @@ def unpack(step, kit, repo, site, node, env):
         shutil.rmtree(dest, ignore_errors=True)
         extract(files[0], dest, strip=1)
     extract(archive, dest)
+    if item.fixup is not None:
+        item.fixup(dest)
     proc = subprocess.run([sys.executable, "-c", item.smoke], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=180)
     if proc.returncode != 0:
@@ -182,6 +194,26 @@ def build_fast_transformers(py, repo, kit, work, env):
     return [Path("fast_transformers")]
 
 
+def triton_sources(repo):
+    """What the fused read's compiled kernels depend on: its kernels and launches, the benchmark's cases (the
+    shapes they are compiled for) and the script that compiles them."""
+    return [*sorted((repo / "fw_fairseq" / "ops" / "fused_read").glob("*.py")),
+            repo / "benchmarks" / "bench_fused_read_gpu.py", repo / "scripts" / "gpu_triton_cache.py"]
+
+
+def build_triton_cache(py, repo, kit, work, env):
+    """The fused read's kernels compiled for the node (scripts/gpu_triton_cache.py), or None where they do not
+    compile here: the kit then carries no cache and the node compiles them in its warm_triton step."""
+    proc = subprocess.run([str(py), str(repo / "scripts" / "gpu_triton_cache.py"), "--cache", str(work)],
+                          env=dict(env, PYTHONPATH=str(repo)), capture_output=True, text=True)
+    if proc.returncode != 0:
+        print("gpu_prebuilt: the fused read's kernels did not compile here, the node compiles them:\n"
+              + "\n".join(proc.stderr.strip().splitlines()[-3:]))
+        return None
+    print(proc.stdout.strip().splitlines()[-1])
+    return sorted(p.relative_to(work) for p in work.iterdir())
+
+
 @dataclass(frozen=True)
 class Item:
     sdist: Optional[str]  # the kit's sdist it is built from (a glob), or None: fw_fairseq's own sources
@@ -189,7 +221,9 @@ class Item:
     under_site: bool  # unpacked into .gpu_site/ (else into the checkout)
     folder: str  # the folder under that root the archive's paths start from ("" for the root itself)
     on_sdist: bool  # unpacked on top of a fresh tree of its sdist (fairseq runs from its source tree)
-    build: Callable  # (build python, repo, kit, work folder, env) -> the archive's paths under work
+    build: Callable  # (build python, repo, kit, work folder, env) -> the archive's paths under work (None: not here)
+    files: Optional[Callable] = None  # repo -> the files it is built from, where neither the sdist nor cuda/, cpu/
+    fixup: Optional[Callable] = None  # dest -> None: what the unpacked files need on the node
 
 
 ITEMS = {
@@ -200,7 +234,27 @@ ITEMS = {
     "build_fast_transformers": Item("pytorch-fast-transformers-*.tar.gz",
                                     "from fast_transformers.causal_product import causal_dot_product", True, "", False,
                                     build_fast_transformers),
+    "warm_triton": Item(None, "import triton", True, "triton_cache", False, build_triton_cache, files=triton_sources,
+                        fixup=relocate),
 }
+
+
+def pack(step, py, repo, kit, archive, cuda_home):
+    """Build `step` in a temporary folder and pack what it made into archive; False where it built nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        paths = ITEMS[step].build(py, repo, kit, root, build_env(cuda_home))
+        if paths is None:
+            archive.unlink(missing_ok=True)
+            return False
+        # setuptools compiles with -g: the debug sections are 80-95% of each module (fw_fairseq._cpu 54 MB,
+        # 3.5 MB without), past the kit's size limit (gpu_kit.MAX_KIT_MIB); the node's own builds keep them, unused
+        for module in root.rglob("*.so"):
+            subprocess.run(["strip", "--strip-debug", str(module)], check=True)
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in paths:
+                tar.add(root / path, arcname=str(path))
+    return True
 
 
 def build(kit, repo=REPO, node_file=None, cuda_home=None):
@@ -230,15 +284,10 @@ def build(kit, repo=REPO, node_file=None, cuda_home=None):
             torch_built = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"],
                                          capture_output=True, text=True, check=True).stdout.strip()
         print(f"gpu_prebuilt: building {step} for CPython {PYTHON}, CUDA arch {ARCH}", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp)
-            paths = ITEMS[step].build(py, repo, kit, root, build_env(cuda_home))
-            # setuptools compiles with -g: the debug sections are 80-95% of each module (fw_fairseq._cpu 54 MB,
-            # 3.5 MB without), more than the device tool carries; the node's own builds keep them, unused
-            for module in root.rglob("*.so"):
-                subprocess.run(["strip", "--strip-debug", str(module)], check=True)
-            with tarfile.open(archive, "w:gz") as tar:
-                for path in paths:
-                    tar.add(root / path, arcname=str(path))
-        entries.append(dict(entry, torch=torch_built, sha256=file_sha256(archive)))
+        if pack(step, py, repo, kit, archive, cuda_home):
+            versions = {"torch": torch_built}
+            if step == "warm_triton":  # the cache fits this Triton only: the node checks it (unpack)
+                versions["triton"] = subprocess.run([str(py), "-c", "import triton; print(triton.__version__)"],
+                                                    capture_output=True, text=True, check=True).stdout.strip()
+            entries.append(dict(entry, **versions, sha256=file_sha256(archive)))
     return entries

@@ -1,18 +1,22 @@
-"""The GPU path's dry run, so the kit and the check cannot rot between GPU sessions (no GPU needed):
+"""The GPU path's dry run, so the kit and the check cannot rot between GPU runs (no GPU needed):
 the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met, scripts/gpu_check.sh
-parses its options and plans its steps, runs and records them within its budget, and the summary
-writer renders a recorded run."""
+parses its options and plans its steps, runs and records them within its budget, the kit's Triton cache
+unpacks where it fits the node's Triton, and the summary writer renders a recorded run."""
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import add_member
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
+import gpu_check as check_script  # noqa: E402
 import gpu_kit  # noqa: E402
+import gpu_prebuilt  # noqa: E402
 import gpu_summary  # noqa: E402
 
 RECORDED = Path(__file__).parent / "fixtures" / "gpu_run"
@@ -47,8 +51,8 @@ def gpu_check(*args):
 
 
 @pytest.mark.parametrize("part, steps", [
-    ("kernels", ["environment", "install_kit", "build_extension", "pytest_cuda", "memcheck", "racecheck",
-                 "build_fast_transformers", "bench_ops"]),
+    ("kernels", ["environment", "install_kit", "build_extension", "warm_triton", "pytest_fused", "bench_fused",
+                 "pytest_cuda", "memcheck", "racecheck", "build_fast_transformers", "bench_ops"]),
     ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "cuda_graph", "bench_fairseq"]),
 ])
 def test_the_dry_run_plans_each_part(part, steps):
@@ -57,6 +61,19 @@ def test_the_dry_run_plans_each_part(part, steps):
     planned = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith(" ")]
     assert planned == steps
     assert "compute-sanitizer --tool memcheck" in proc.stdout or part == "fairseq"
+    assert "tests/ops/test_fused_read" in proc.stdout or part == "fairseq"
+
+
+def test_a_step_with_nothing_to_run_is_recorded_as_skipped(tmp_path, monkeypatch):
+    """pytest_fused in a checkout without tests/ops/test_fused_read*.py: pytest given no file would run them all."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "MANIFEST.json").write_text("{}")
+    check = check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out")]))
+    monkeypatch.setattr(check, "commands", lambda: {"pytest_fused": None})
+    check.run(check_script.plan("kernels", ["pytest_fused"]))
+    entry = json.loads((tmp_path / "out" / "check.json").read_text())["steps"][0]
+    assert entry["status"] == "skipped" and entry["tail"] == "no tests/ops/test_fused_read*.py here"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -85,7 +102,7 @@ def test_a_run_records_every_step_within_its_budget(tmp_path):
     assert "torch sees no CUDA device" in check["steps"][0]["tail"]
     assert "out of budget" in check["steps"][1]["tail"]
     assert (out / "logs.txt").exists() and "| environment | failed |" in (out / "summary.md").read_text()
-    assert len(list(out.iterdir())) <= 8  # all of it comes back from a lent machine
+    assert len(list(out.iterdir())) <= 8  # all of it fits what a remote run returns
 
 
 def test_the_summary_renders_a_recorded_run(tmp_path):
@@ -95,14 +112,28 @@ def test_the_summary_renders_a_recorded_run(tmp_path):
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "| met |" in rows["compute-sanitizer --tool memcheck: no error"]
     assert "| missed |" in rows["compute-sanitizer --tool racecheck: no error"]
+    assert "| 1 failed, 40 passed | missed |" in rows["pytest tests/ops/test_fused_read*.py: every case passes"]
     assert "| 2.00x, 1.50x | met |" in rows["delta, bf16, E = d = 64, T <= 256: fla's best delta kernel / ours >= 1.5"]
     assert "ours only (fla cannot run it) | no data |" in rows[
         "delta, fp32, E = d = 64, T <= 256: fla's best delta kernel / ours >= 1.5"]
     assert "| 1.20x | missed |" in rows["sum, fp32, E = d = 64, T <= 256: fast-transformers / ours >= 2"]
     assert "| 1 of 2 shapes | missed |" in rows["delta: E = 512 runs on the kernel"]
     assert "worst 1.25x the floor over 1 shapes | met |" in text
-    assert "| transformer_fw_small dpfp2_delta --fp16: train words/s >= 1.0x softmax |" in text
-    assert "| softmax | " in text and "generate N=4" in text
+    # the fused read's targets (bench_fused_read.json, by hand): 3x fla at MT shapes, 1.5x at T = 256
+    assert "| 3.20x | met |" in rows["delta, bf16, MT shapes (T <= 64): fla's best delta kernel / fused read >= 3.0"]
+    assert "| 1.20x | missed |" in rows["delta, bf16, T = 256: fla's best delta kernel / fused read >= 1.5"]
+    assert "| 3 of 3 reads (fla's chunked kernel: refused) | met |" in rows[
+        "fused read runs fp32, every rule, within tolerance"]
+    assert "| 2 of 3 reads (fla's chunked kernel: refused) | missed |" in rows[
+        "fused read runs E = 512, every rule, within tolerance"]
+    assert "| mt | bf16 | 32 | 256 | delta | True | 0.300 |" in text
+    # the fairseq targets (bench_fairseq.json, a CPU smoke run): steady-state words/s and peak memory
+    for name, floor in gpu_summary.FAIRSEQ_FLOORS:
+        assert f"transformer_fw_small {name} --fp16: steady-state train words/s >= {floor:.2f}x softmax" in rows
+    assert "no runs | no data |" in rows["transformer_fw_small --fp16: train peak memory <= softmax's (dpfp2_sum, "
+                                         "table1_dpfp2, dpfp2_delta_dec)"]  # no CUDA memory on a CPU
+    assert "| softmax | " in text and "generate N=4" in text and "| table1_dpfp2 | " in text
+    assert "top 5 operators by self CPU time" in text
 
 
 def test_the_summary_renders_the_first_h100_run():
@@ -116,20 +147,55 @@ def test_the_summary_renders_the_first_h100_run():
 
 
 def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
-    """benchmarks/bench_fairseq_gpu.py through the real fairseq CLIs on tiny settings: the same code the
-    GPU check runs, so a fairseq or plugin change that breaks it fails here first."""
+    """benchmarks/bench_fairseq_gpu.py through the real fairseq CLIs on tiny settings: the same code the GPU check
+    runs, so a fairseq or plugin change that breaks it fails here first. Six updates in epochs of three (the
+    training set sized for it), the second update profiled; one round (each fairseq process costs seconds to start:
+    the rounds' order is test_bench_fused_read.py's)."""
     out = tmp_path / "bench_fairseq.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out", str(out),
                            "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
-                           "dpfp2_sum", "--updates", "2", "--log-interval", "1", "--lengths", "4", "--sentences", "2",
-                           "--train-sentences", "100", "--max-tokens", "512"], capture_output=True, text=True)
+                           "table1_dpfp2", "--updates", "6", "--log-interval", "1", "--lengths", "4",
+                           "--sentences", "2", "--max-tokens", "512", "--profile-update", "2", "--rounds", "1"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["not_run"] == []
-    fw = result["configs"]["dpfp2_sum"]
-    assert fw["train"]["updates"] == 2 and fw["train"]["wps_median"] > 0
+    assert result["not_run"] == [] and "epochs >= 2" in result["steady_state_rule"]
+    fw = result["configs"]["table1_dpfp2"]
+    assert fw["flags"] == "--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-encoder-conv 0"
+    (run,) = fw["runs"]
+    assert run["round"] == 0 and run["epochs"] == 2 and run["first_epoch_updates"] == 3 and run["intervals_used"] == 2
+    assert fw["train"]["updates"] == 6 and fw["train"]["wps_median"] == run["wps_steady"] > 0
+    assert fw["profile"]["update"] == 2 and 0 < len(fw["profile"]["ops"]) <= 15
     assert [g["length"] for g in fw["generate"]] == [4] and fw["generate"][0]["tokens"] == 2 * 5  # N + eos each
     assert fw["vs_softmax"]["train_wps"] > 0 and fw["vs_softmax"]["generate_tokens_per_s"]["4"] > 0
+
+
+def kit_with_cache(tmp_path, triton="3.6.0"):
+    """A kit holding a Triton cache of one kernel, recorded as made elsewhere (its group names old paths)."""
+    kit, made = tmp_path / "kit", tmp_path / "made_elsewhere" / "KEY"
+    kit.mkdir(parents=True)
+    archive = kit / "prebuilt-warm_triton.tar.gz"
+    group = json.dumps({"child_paths": {f"k.{ext}": str(made / f"k.{ext}") for ext in ("json", "cubin", "ptx")}})
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in {"KEY/__grp__k.json": group, "KEY/k.json": "{}", "KEY/k.cubin": "binary"}.items():
+            add_member(tar, name, text.encode())
+    row = {"kind": "prebuilt", "step": "warm_triton", "file": archive.name, "sha256": gpu_prebuilt.file_sha256(archive),
+           "from": gpu_prebuilt.digest(*gpu_prebuilt.sources("warm_triton", REPO, kit)), "torch": "2.11.0+cu130",
+           "python": ".".join(map(str, sys.version_info[:2])), "arch": "9.0a", "triton": triton}
+    (kit / "MANIFEST.json").write_text(json.dumps({"files": [row]}))
+    return kit
+
+
+def test_the_kits_triton_cache_is_unpacked_where_it_is_and_fits_the_nodes_triton(tmp_path):
+    site, env = tmp_path / "site", {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    node = {"torch": "2.11.0+cu130", "capability": "9.0", "triton": "3.6.0"}
+    used, why = gpu_prebuilt.unpack("warm_triton", kit_with_cache(tmp_path), REPO, site, node, env)
+    assert used, why
+    group = json.loads((site / "triton_cache" / "KEY" / "__grp__k.json").read_text())["child_paths"]
+    assert group == {name: str(site / "triton_cache" / "KEY" / name) for name in ("k.json", "k.cubin")}
+    used, why = gpu_prebuilt.unpack("warm_triton", kit_with_cache(tmp_path / "other"), REPO, site,
+                                    dict(node, triton="3.7.1"), env)
+    assert not used and why == "built for Triton 3.6.0, this node has 3.7.1"
 
 
 def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):

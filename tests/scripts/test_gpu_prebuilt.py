@@ -104,7 +104,8 @@ def test_the_check_records_why_a_step_built(tmp_path):
     entry = {}
     assert gpu_check.Check.prebuilt(check, gpu_check.STEPS[3], entry) is False
     assert gpu_check.STEPS[3].name == "build_extension" and entry == {"prebuilt": "the kit has no prebuilt build"}
-    assert gpu_check.Check.prebuilt(check, gpu_check.STEPS[4], entry := {}) is False and entry == {}  # pytest_cuda
+    pytest_cuda = next(step for step in gpu_check.STEPS if step.name == "pytest_cuda")
+    assert gpu_check.Check.prebuilt(check, pytest_cuda, entry := {}) is False and entry == {}
 
 
 def test_a_machine_without_python_3_12_makes_the_kit_without_builds(tmp_path, monkeypatch, capsys):
