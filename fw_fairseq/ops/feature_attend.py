@@ -27,7 +27,7 @@ from .chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
 from .cpu_extension import KERNEL_MAPS, KERNEL_NORMS, cpu_kernel
 from .guards import first_order, records
 from .normalize_function import PHI_EPS
-from .rules import short_order
+from .read_order import short_order
 from .z_column import Z_EPS
 
 BLAS = True
@@ -78,7 +78,8 @@ class DeltaRead(torch.autograd.Function):
         return dq, dk, dv, dbeta, None, None, None, None
 
 
-def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
+def sum_short_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
+    """The sum rule's short read (its record's `short`)."""
     Tq, T = q.shape[2], k.shape[2]
     if not (T <= SUM_CHUNK_SIZE if causal else short_order(Tq, T, width, v.shape[-1] + 1)):
         return None  # the rule forms the memory (or chunks) instead: the kernel has no cheaper order there
@@ -88,7 +89,8 @@ def _sum_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_ma
     return kernel.feature_attend_forward(q, k, key_padding_mask, *map, causal, Z_EPS, BLAS)[0] @ v
 
 
-def _delta_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
+def delta_short_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_mask):
+    """The delta rule's short read (its record's `short`)."""
     Tq, T = q.shape[2], k.shape[2]
     # several chunks carry a state (the chunked form); a non-causal read in the memory's order forms the memory
     if T > DELTA_ONE_CHUNK_MAX or not (causal or short_order(Tq, T, width, v.shape[-1])):
@@ -99,11 +101,8 @@ def _delta_read(kernel, map, width, q, k, v, scalars, causal, norm, key_padding_
     return kernel.delta_attend_forward(q, k, v, beta, *map, causal, code, PHI_EPS, BLAS)[0]
 
 
-_READS = {"sum": _sum_read, "delta": _delta_read}  # the rules with a read here, by name (rules.RULES)
-
-
 def short_read(map_name, nu, width, rule, q, k, v, scalars, causal, norm, key_padding_mask=None, projection=None):
-    """The read y [B, H, Tq, M] of rule `rule` (a rules.RULES name) with the features of map `map_name` (a KERNEL_MAPS
+    """The read y [B, H, Tq, M] of rule `rule` (a rules.UpdateRule; its record's `short` runs it) with the features of map `map_name` (a KERNEL_MAPS
     name; nu: DPFP's, else ignored; projection: FAVOR+'s R [m, d], else None; width: its E) of raw heads
     q [B, H, Tq, d] and k [B, H, T, d], values v [B, H, T, M] (0 at padded positions) and the rule's scalars
     ([B, H, T] each, at their pad values there), phi normalised by `norm` where the rule normalises it;
@@ -112,10 +111,10 @@ def short_read(map_name, nu, width, rule, q, k, v, scalars, causal, norm, key_pa
     float32/float64 CPU tensors, torch.compile tracing), an empty sequence, or mixed dtypes; the caller then forms
     phi and runs the rule, the same function."""
     kernel = cpu_kernel(q)
-    if (not kernel or rule not in _READS or q.shape[2] == 0 or k.shape[2] == 0
+    if (not kernel or rule.short is None or q.shape[2] == 0 or k.shape[2] == 0
             or any(x.dtype != q.dtype for x in (k, v, *scalars))):
         return None
     if projection is not None:
         projection = projection.to(q.dtype)  # a float32 buffer; the kernel computes in q's dtype
-    return _READS[rule](kernel, (KERNEL_MAPS[map_name], nu, projection), width, q, k, v, scalars, causal, norm,
+    return rule.short(kernel, (KERNEL_MAPS[map_name], nu, projection), width, q, k, v, scalars, causal, norm,
                         key_padding_mask)

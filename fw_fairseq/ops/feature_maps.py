@@ -114,7 +114,7 @@ class FeatureMap(nn.Module, abc.ABC):
             return None
         if fused_read.takes(q):  # CUDA: the fused Triton read (fused_read/), at every length it takes
             return fused_read.fused_read_for(self, RULES[rule], q, k, v, scalars, causal, norm, key_padding_mask)
-        return short_read(self.kernel_map, self.kernel_nu, self.out_dim, rule, q, k, v, scalars, causal, norm,
+        return short_read(self.kernel_map, self.kernel_nu, self.out_dim, RULES[rule], q, k, v, scalars, causal, norm,
                           key_padding_mask, self.kernel_projection)
 
     def cached_step(self, phi_q, phi_k, v, beta, cached, writes, decay, order, outs, key, norm):

@@ -3,7 +3,7 @@ attention module, the synthetic task and the dispatch (fast_weight.py) read.
 
 A record says, for its rule: the public causal op and the non-causal write (memory) op, the T = 1
 form and the chunked form the causal op takes off the kernel path, the CUDA wrapper and kernel name, the
-fused GPU read from raw heads, which per-position scalars it reads ([B, H, T], in its ops' argument order) and their values at padded
+fused GPU read and the CPU kernels' short read from raw heads, which per-position scalars it reads ([B, H, T], in its ops' argument order) and their values at padded
 positions, whether φ is normalised, and whether it carries the z column. Adding a rule is one
 record and one public op here, its maths (naive.py, chunked forms, step.py) and its kernel.
 
@@ -22,9 +22,11 @@ from .attend_function import attend_short
 from .chunked import chunked_delta, chunked_gated_delta, chunked_sum
 from .cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
 from .effective_writes import effective_writes
+from .feature_attend import delta_short_read, sum_short_read
 from .fused_read.forms import delta_rule_read, sum_rule_read
 from .fast_weight import _check_causal, _check_tensor, causal, fast_weight_read, memory
 from .guards import autocast_off, records, state_dtype
+from .read_order import short_order
 from .step import step_delta, step_gated_delta, step_sum
 
 
@@ -44,6 +46,7 @@ class UpdateRule:
     normalised_phi: bool  # phi of keys and queries normalised (PHI_NORMS): keeps the delta write contractive
     z_column: bool  # values carry a ones column: the state's last column is z = sum phi(k) (divide_by_z)
     fused: Optional[Callable]  # its fused GPU read from raw heads (fused_read/forms.py), None where it has none
+    short: Optional[Callable]  # its short read from raw heads on the CPU kernels (feature_attend.py), or None
 
 
 @autocast_off
@@ -116,12 +119,6 @@ def fast_weight_attend(q, k, v, beta=None, alpha=None):
     return fast_weight_read(q, memory(rule, "fast_weight_attend", k, v, scalars))
 
 
-def short_order(Tq, T, E, M):
-    """Whether a non-causal read of Tq queries from T written positions (E-wide keys, M-wide values) costs fewer
-    multiply-adds as (q k^T) U than as q W through the [E, M] memory: fast_weight_attend's choice of order."""
-    return Tq * T * (E + M) < (Tq + T) * E * M
-
-
 def _sum_memory(k, v):
     """sum_t k_t^T v_t, one einsum in the state dtype: k [B, H, T, E], v [B, H, T, M] -> [B, H, E, M]."""
     dtype = state_dtype(k.dtype)
@@ -136,17 +133,18 @@ def _delta_memory(k, v, beta, alpha=None):
 SUM = UpdateRule(
     name="sum", causal=fast_weight_sum, write=fast_weight_write, step=step_sum, chunked=chunked_sum,
     memory=_sum_memory, cuda=cuda_sum, kernel="sum", kernel_memory=False, scalars=(), pad_values={},
-    normalised_phi=False, z_column=True, fused=sum_rule_read,
+    normalised_phi=False, z_column=True, fused=sum_rule_read, short=sum_short_read,
 )
 DELTA = UpdateRule(
     name="delta", causal=fast_weight_delta, write=fast_weight_write, step=step_delta, chunked=chunked_delta,
     memory=_delta_memory, cuda=cuda_delta, kernel="delta", kernel_memory=True, scalars=("beta",),
     pad_values={"beta": 0.0}, normalised_phi=True, z_column=False, fused=delta_rule_read,
+    short=delta_short_read,
 )
 GATED_DELTA = UpdateRule(
     name="gated_delta", causal=fast_weight_gated_delta, write=fast_weight_write, step=step_gated_delta,
     chunked=chunked_gated_delta, memory=_delta_memory, cuda=cuda_gated_delta, kernel="gated_delta",
     kernel_memory=True, scalars=("beta", "alpha"), pad_values={"beta": 0.0, "alpha": 1.0},
-    normalised_phi=True, z_column=False, fused=delta_rule_read,
+    normalised_phi=True, z_column=False, fused=delta_rule_read, short=None,
 )
 RULES = {rule.name: rule for rule in (SUM, DELTA, GATED_DELTA)}

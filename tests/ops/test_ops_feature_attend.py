@@ -13,7 +13,8 @@ from fw_fairseq.ops import (FEATURE_MAPS, PHI_NORMS, append_z_column, divide_by_
 from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
 from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
 from fw_fairseq.ops.favor_function import favor_plus, orthogonal_gaussian
-from fw_fairseq.ops.rules import short_order
+from fw_fairseq.ops.read_order import short_order
+from fw_fairseq.ops.rules import RULES
 
 
 def favor_features(nu):
@@ -53,7 +54,7 @@ def products(request, monkeypatch):
 
 def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
     d = q.shape[-1]
-    return feature_attend.short_read(name, nu, width(name, d, nu), rule, q, k, v, scalars, causal, norm, pad,
+    return feature_attend.short_read(name, nu, width(name, d, nu), RULES[rule], q, k, v, scalars, causal, norm, pad,
                                      projection(name, d, nu))
 
 
