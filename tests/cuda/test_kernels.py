@@ -199,7 +199,7 @@ def test_compiled_rejects_bad_inputs_with_clear_messages(compiled):
 @pytest.fixture
 def emulated_branch(emulated, monkeypatch):
     """The public ops take their CUDA branch on CPU tensors, with the emulated kernels."""
-    monkeypatch.setattr(public, "_cuda_kernel", lambda q, v, rule: emulated)
+    monkeypatch.setattr(public, "cuda_kernel", lambda q, v, rule: emulated)
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -249,7 +249,7 @@ def test_public_cuda_branch_fp16_sum_outputs_do_not_overflow(emulated_branch, T)
 @pytest.mark.parametrize("upstream", ["constant", "differentiable"])
 def test_double_backward_fails_loudly_on_both_branches(emulated, monkeypatch, branch, rule, upstream):
     if branch == "cuda":
-        monkeypatch.setattr(public, "_cuda_kernel", lambda q, v, rule: emulated)
+        monkeypatch.setattr(public, "cuda_kernel", lambda q, v, rule: emulated)
     inputs = make_inputs(1, 2, 6, 8, 3, torch.float64, "cpu")
     q = inputs[0]
     o, _ = run(rule, "public", inputs)
