@@ -1,6 +1,7 @@
 """The GPU benchmarks' machinery on a CPU, where CI runs: bench_fused_read_gpu.py end to end on a tiny case under
 Triton's interpreter, the fused read's kernels compiled for the GPU's architecture without one
 (scripts/gpu_triton_cache.py), and bench_fairseq_gpu.py's steady state, run order, configurations and profile."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +15,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_fairseq_gpu  # noqa: E402
 import bench_fused_read_gpu  # noqa: E402
 import compare_attention  # noqa: E402
-import fairseq_run  # noqa: E402
+
+# benchmarks/fairseq_run.py by its path: tests/e2e has a module of the same name, which a whole-suite run imports first
+_spec = importlib.util.spec_from_file_location("bench_fairseq_run", REPO / "benchmarks" / "fairseq_run.py")
+fairseq_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fairseq_run)
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
 
