@@ -23,8 +23,8 @@ dphi = dK^ / n - a z, a = (y . dK^) / n where the norm is unclamped, z = 1 (sum)
 import triton
 import triton.language as tl
 
-from .delta_kernels import (block_rows, gate, key_pairs, read_mask, read_scores, unit_lower_inverse, writes)
-from .phi_tiles import FAVOR, SIZES, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats, store_tile
+from .delta_kernels import (gate, key_pairs, read_mask, read_scores, unit_lower_inverse, writes)
+from .phi_tiles import FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats, store_tile
 
 
 @triton.jit(do_not_specialize=SIZES)

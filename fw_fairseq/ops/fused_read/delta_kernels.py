@@ -21,15 +21,8 @@ Every kernel takes the same leading arguments (delta_read._common), each using t
 import triton
 import triton.language as tl
 
-from .phi_tiles import SIZES, load_tile, phi_chunk, row_stats, store_tile
+from .phi_tiles import SIZES, block_rows, load_tile, phi_chunk, row_stats, store_tile
 
-
-
-@triton.jit
-def block_rows(start, n, BT: tl.constexpr):
-    """The rows start.. of a block [BT] and which of them exist."""
-    rows = start + tl.arange(0, BT)
-    return rows, rows < n
 
 
 @triton.jit

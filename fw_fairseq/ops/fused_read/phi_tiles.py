@@ -40,6 +40,13 @@ def load_rows(x_ptr, rows, ok, srow, DB: tl.constexpr, d):
 
 
 @triton.jit
+def block_rows(start, n, BT: tl.constexpr):
+    """The rows start.. of a block [BT] and which of them exist."""
+    rows = start + tl.arange(0, BT)
+    return rows, rows < n
+
+
+@triton.jit
 def load_tile(ptr, rows, ok, stride, n, NB: tl.constexpr):
     """ptr[rows, :n] [BT, NB], 0 elsewhere."""
     c = tl.arange(0, NB)

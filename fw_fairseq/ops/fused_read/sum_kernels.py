@@ -12,14 +12,14 @@ dk is 0, as the CPU kernel's. Causal blocks need Tq = T and mask key s > query t
 import triton
 import triton.language as tl
 
-from .phi_tiles import FAVOR, SIZES, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats, store_tile
+from .phi_tiles import (FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats,
+                        store_tile)
 
 
 @triton.jit
 def _key_rows(mask_ptr, b, start, T, BT: tl.constexpr, HAS_MASK: tl.constexpr):
     """The rows start.. of a key block and which of them exist and are not padding."""
-    rows = start + tl.arange(0, BT)
-    ok = rows < T
+    rows, ok = block_rows(start, T, BT)
     if HAS_MASK:
         ok = ok & (tl.load(mask_ptr + b * T + rows, mask=ok, other=1) == 0)
     return rows, ok
@@ -71,8 +71,7 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T,
                 MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """y [BT, M] of one query block of one head, and its n [BT]."""
     bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
-    qrows = qi + tl.arange(0, BT)
-    qok = qrows < Tq
+    qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
     acc = tl.zeros([BT, MB], dtype=ACC)
     z = tl.zeros([BT], dtype=ACC)
@@ -96,8 +95,7 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
                    MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """dq [BT, d] of one query block (dq has q's strides; dy = do has o's)."""
     bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
-    qrows = qi + tl.arange(0, BT)
-    qok = qrows < Tq
+    qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
     dy, delta, n = _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, sot, sgb, sgh, sgt,
                                 MB, ACC)
@@ -140,8 +138,7 @@ def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, m
     dv = tl.zeros([BT, MB], dtype=ACC)
     dx = tl.zeros([BT, DB], dtype=ACC)
     for qi in range(kj if CAUSAL else 0, Tq, BT):
-        qrows = qi + tl.arange(0, BT)
-        qok = qrows < Tq
+        qrows, qok = block_rows(qi, Tq, BT)
         qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
         keep = _keep(qrows, krows, kok, CAUSAL)
         s = _scores(q_ptr, k_ptr, proj_ptr, qrows, qok, krows, kok, sqt, skt, qs, ks, d, E, m, MAP, DB, EC, PREC, ACC)
@@ -157,5 +154,5 @@ def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, m
             g = tl.dot(dpt, pq, input_precision=PREC)  # dphi(k) [BT, EC]
             dx += dx_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, g, d, E, m, ks[0], ks[1], ks[2], ks[3], False,
                            MAP, DB, PREC).to(ACC)
-    store_tile(dk_ptr + b * skb + h * skh, krows, kj + tl.arange(0, BT) < T, skt, d, dx, DB)
-    store_tile(dv_ptr + b * svb + h * svh, krows, kj + tl.arange(0, BT) < T, svt, M, dv, MB)
+    store_tile(dk_ptr + b * skb + h * skh, krows, krows < T, skt, d, dx, DB)
+    store_tile(dv_ptr + b * svb + h * svh, krows, krows < T, svt, M, dv, MB)
