@@ -11,7 +11,7 @@ setup: $(STAMP)
 
 # torch, numpy and cython go in first so fairseq-fixed builds (no build isolation) against them
 # instead of fetching a second torch; fairseq-fixed's own deps are pinned in requirements.txt.
-$(STAMP): requirements.txt setup.py $(wildcard cpu/*)
+$(STAMP): requirements.txt setup.py $(wildcard csrc/cpu/*)
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	$(VPY) -m pip install -q -r requirements.txt

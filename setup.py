@@ -1,11 +1,11 @@
 """fw_fairseq: fast weight programmers (Schlag, Irie & Schmidhuber, ICML 2021) as a fairseq plugin.
 
-The CUDA extension in cuda/ is built only when nvcc and a CUDA build of torch are present;
+The CUDA extension in csrc/cuda/ is built only when nvcc and a CUDA build of torch are present;
 a CPU install skips it (and says so once) and uses the chunked PyTorch path.
-The CPU extension in cpu/ (DPFP's fused forward and backward, the decoding cache's scores and state
+The CPU extension in csrc/cpu/ (DPFP's fused forward and backward, the decoding cache's scores and state
 step) is built wherever torch is importable
 at build time and a C++ compiler is found; without one (or if it fails to compile) the install goes
-on and those ops use their PyTorch forms (fw_fairseq/ops/cpu_extension.py).
+on and those ops use their PyTorch forms (fw_fairseq/ops/kernels/cpu_extension.py).
 """
 import glob
 import os
@@ -30,11 +30,12 @@ def cuda_extension():
     if not nvcc or not os.path.exists(nvcc):
         return _skip("nvcc was not found (set CUDA_HOME)")
     here = os.path.dirname(os.path.abspath(__file__))
-    sources = sorted(glob.glob(os.path.join("cuda", "*.cpp")) + glob.glob(os.path.join("cuda", "*.cu")))
+    cuda_dir = os.path.join("csrc", "cuda")
+    sources = sorted(glob.glob(os.path.join(cuda_dir, "*.cpp")) + glob.glob(os.path.join(cuda_dir, "*.cu")))
     ext = CUDAExtension(
         name="fw_fairseq._cuda",
         sources=sources,
-        include_dirs=[os.path.join(here, "cuda")],
+        include_dirs=[os.path.join(here, cuda_dir)],
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "-lineinfo"]},
     )
     return [ext], {"build_ext": BuildExtension}
@@ -65,8 +66,9 @@ def cpu_extension():
                     raise
                 _skip_cpu(f"it failed to compile ({type(err).__name__})")
 
-    ext = CppExtension(name="fw_fairseq._cpu", sources=sorted(glob.glob(os.path.join("cpu", "*.cpp"))),
-                       depends=glob.glob(os.path.join("cpu", "*.h")),
+    cpu_dir = os.path.join("csrc", "cpu")
+    ext = CppExtension(name="fw_fairseq._cpu", sources=sorted(glob.glob(os.path.join(cpu_dir, "*.cpp"))),
+                       depends=glob.glob(os.path.join(cpu_dir, "*.h")),
                        extra_compile_args=["-O3", "-fopenmp", "-Wno-psabi"], optional=True)
     return [ext], {"build_ext": OptionalBuild}
 

@@ -6,7 +6,7 @@ times the real fairseq-generate forcing every output to N tokens (--min-len N --
 --max-len-b N), at beam 1 and 4, all in one run so that the ratios to softmax compare like with like.
 Softmax decoding caches all past keys/values and attends over them, so its per-token cost grows
 with N; the fast-weight decoder keeps a lazy cache of t (E + M) values per head while that is
-smaller than its [E, M] state, then the state (fw_fairseq/modules/decoder_state.py); its
+smaller than its [E, M] state, then the state (fw_fairseq/decoding/decoder_state.py); its
 cross-attention keeps each sentence's 13-token source as S (E + M) values per head (the keys'
 features and effective writes), below the [E, M] memory for all three (source_memory.py).
 

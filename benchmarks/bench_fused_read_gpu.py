@@ -1,4 +1,4 @@
-"""The fused read (fw_fairseq.ops.fused_read) against the path it replaces and flash-linear-attention, on a GPU.
+"""The fused read (fw_fairseq.ops.fused_read; the public entry fw_fairseq.ops.rules.public.fused_read) against the path it replaces and flash-linear-attention, on a GPU.
 
     python3 benchmarks/bench_fused_read_gpu.py --quick --out bench_fused_read.json   # the four cases of QUICK
     python3 benchmarks/bench_fused_read_gpu.py --cases mt t256 --out ...
@@ -90,7 +90,7 @@ def method(name, phi, rule, causal, norm, dtype):
     if name == "old":
         return old_read(phi, rule, causal, norm), "head"
     if name == "ours":
-        fused_read, why = optional("fw_fairseq.ops.fused_read", "fused_read")
+        fused_read, why = optional("fw_fairseq.ops.rules.public", "fused_read")
         return why or ((lambda q, k, v, *s: fused_read(phi, rule, q, k, v, s, causal, norm=norm)), "head")
     if rule != "delta" or not causal:
         return "fla has no such read"

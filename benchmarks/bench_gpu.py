@@ -1,4 +1,4 @@
-"""GPU benchmark: the fast weight kernels (cuda/) side by side with the alternatives, in one run.
+"""GPU benchmark: the fast weight kernels (csrc/cuda/) side by side with the alternatives, in one run.
 
     python3 benchmarks/bench_gpu.py --quick        # 12 training shapes and 6 decoding shapes (--T etc. still apply)
     python3 benchmarks/bench_gpu.py                # the full grid (long: split it with the filters)
@@ -6,7 +6,7 @@
 
 Training (forward; backward alone, its forward untimed; forward+backward), per method:
   sum rule    ours_cuda (the public op, dispatching to fw_fairseq._cuda), ours_chunked
-              (fw_fairseq.ops.chunked), fla_chunk (fla.ops.linear_attn.chunk_linear_attn, unnormalised),
+              (fw_fairseq.ops.common.chunking), fla_chunk (fla.ops.linear_attn.chunk_linear_attn, unnormalised),
               fast_transformers (causal_dot_product, float32 only)
   delta rule  ours_cuda, ours_chunked, fla_chunk (fla.ops.delta_rule.chunk_delta_rule, bf16 only),
               fla_recurrent (fused_recurrent_delta_rule)
@@ -16,9 +16,9 @@ median over repeats between CUDA events after warm-up, with L2 flushed before ea
 memory is the allocator's high-water mark of one forward+backward above the inputs.
 Shapes: d = M = 64, H = 8, N = B * H in {256, 1024}, T in {16, ..., 2048}, E in {64, 256, 512}.
 
-Decoding (one token, state [N, E, M = d + 1] in float32 updated in place): ours (sum_step /
-delta_step) and PyTorch eager ops, timed over CUDA-graph replays; the floor is the state's bytes
-read and written (plus q, k, v, o) over the device-to-device copy bandwidth measured here.
+Decoding (one token, state [N, E, M = d + 1] in float32 updated in place): ours (the rule's
+{kernel}_step: sum_step / delta_step) and PyTorch eager ops, timed over CUDA-graph replays; the floor is the
+state's bytes read and written (plus q, k, v, o) over the device-to-device copy bandwidth measured here.
 
 Ratio columns are other / ours_cuda (> 1: ours is faster or smaller). A method that cannot run a
 shape (missing package, dtype, limit, out of memory) gets its reason instead of numbers.
@@ -36,8 +36,9 @@ import torch
 import torch.nn.functional as F
 
 from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_sum
-from fw_fairseq.ops import fast_weight as public
-from fw_fairseq.ops.chunked import chunked_delta, chunked_sum
+from fw_fairseq.ops.kernels.cuda_extension import cuda_kernel
+from fw_fairseq.ops.rules.delta.chunked import chunked_delta
+from fw_fairseq.ops.rules.sum.chunked import chunked_sum
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -151,7 +152,7 @@ def bench_training(timer, rule, method, N, T, E, dtype):
         args = prepare(*make_inputs(N, T, E, D, dtype))
         if isinstance(args, str):
             return {**record, "skipped": args}
-        if method == "ours_cuda" and public._cuda_kernel(args[0], args[2], RULES[rule].kernel) is None:
+        if method == "ours_cuda" and cuda_kernel(args[0], args[2], RULES[rule].kernel) is None:
             return {**record, "skipped": "fw_fairseq._cuda is not built or cannot run this shape"}
         upstream = torch.randn_like(run(*args))
 
@@ -201,8 +202,10 @@ def bench_step(timer, rule, impl, N, E, M, dtype, bandwidth, min_steps=20):
         state.add_(kf.transpose(-1, -2) @ u)
         return (qf @ state).to(dtype)
 
+    scalars = [beta][: len(RULES[rule].scalars)]  # the sum rule reads none, the delta rule beta
+
     def ours(state):
-        return EXT.sum_step(q, k, v, state) if rule == "sum" else EXT.delta_step(q, k, v, beta, state)
+        return getattr(EXT, f"{RULES[rule].kernel}_step")(q, k, v, *scalars, state)
 
     step = {"ours": ours, "eager": eager}[impl]
     steps = max(min_steps, len(states))

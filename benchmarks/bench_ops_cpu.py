@@ -36,8 +36,11 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.ops import sum_normalize
-from fw_fairseq.ops.chunked import DELTA_CHUNK_SIZE, DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE, chunked_delta, chunked_sum
-from fw_fairseq.ops.naive import naive_delta, naive_sum
+from fw_fairseq.ops.common.chunking import DELTA_CHUNK_SIZE, DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
+from fw_fairseq.ops.rules.delta.chunked import chunked_delta
+from fw_fairseq.ops.rules.sum.chunked import chunked_sum
+from fw_fairseq.ops.rules.delta.naive import naive_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_T, TARGET_SPEEDUP = 512, 10.0  # the foundation issue's target: >= 10x the naive loop at T = 512

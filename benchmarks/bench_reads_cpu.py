@@ -1,4 +1,4 @@
-"""CPU benchmark: the short read's kernel (cpu/feature_attend.cpp, the sum rule) of each feature map, forward and
+"""CPU benchmark: the short read's kernel (csrc/cpu/feature_attend.cpp, the sum rule) of each feature map, forward and
 backward, on one training call's shapes, side by side in one run.
 
     python benchmarks/bench_reads_cpu.py                       # B 170, H 2, T 12, d 64 (a demo-preset call)
@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ops_cpu import machine_info  # noqa: E402
 
-from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel  # noqa: E402
-from fw_fairseq.ops.favor_function import orthogonal_gaussian  # noqa: E402
-from fw_fairseq.ops.z_column import Z_EPS  # noqa: E402
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel  # noqa: E402
+from fw_fairseq.ops.maps.favor_function import orthogonal_gaussian  # noqa: E402
+from fw_fairseq.ops.common.z_column import Z_EPS  # noqa: E402
 
 NU = {"dpfp": 2}  # the maps' nu (DPFP-2, d_dot 256); FAVOR+'s m is --favor-features (128: d_dot 256)
 

@@ -5,13 +5,13 @@ Per decoding step of a batch (`sentences` x `beam` hypotheses), values moved, 4 
 - the decoder's parameters, read once per step for the whole batch;
 - decoder self-attention, per hypothesis, layer and head, at step t:
     softmax: the key/value cache read, t 2d, and this step's pair written, 2d;
-    fast weights, as the decoder runs it (fw_fairseq/modules/decoder_state.py): the lazy cache
+    fast weights, as the decoder runs it (fw_fairseq/decoding/decoder_state.py): the lazy cache
     t (C + M) read and one row C + M written while t (C + M) <= E M, else the state E M read and
-    written (C: the width of a cached key, the feature map's cache_width: E, or d for DPFP's raw keys);
+    written (C: the width of a cached key, decoding/key_cache.py's width: E, or d for DPFP's raw keys);
 - cross-attention, per layer and head: softmax reads each hypothesis's source keys/values,
   S 2d; fast weights read the cached source once per sentence (its beams share it): its keys'
   features and effective writes S (E + M) while that is below E M, else the memory E M
-  (fw_fairseq/modules/source_memory.py).
+  (fw_fairseq/decoding/source_memory.py).
 Softmax and the embedding/output layer share the parameter term. Not counted: the encoder (once
 per sentence), beam search's own work, activations, and fairseq's reordering copies of the caches
 (a copy per step of everything above that is per hypothesis) -- a floor, not an estimate.
@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from fw_fairseq.ops import feature_map
+from fw_fairseq.decoding.key_cache import key_cache
+from fw_fairseq.ops import RULES, feature_map
 
 FLOAT = 4  # bytes: every model runs in fp32 on the CPU
 
@@ -50,9 +51,9 @@ def shapes(checkpoint) -> dict:
     places = set() if fw == "none" else ({"encoder", "decoder", "cross"} if fw == "all" else set(fw.split(",")))
     phi = feature_map(getattr(cfg, "fw_feature_map", "elu"), d, nu=getattr(cfg, "fw_dpfp_nu", 1),
                       m=getattr(cfg, "fw_favor_features", d))
-    M = d + 1 if getattr(cfg, "fw_update_rule", "sum") == "sum" else d  # the sum rule's z column
+    M = d + RULES[getattr(cfg, "fw_update_rule", "sum")].z_column  # the sum rule's z column
     return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim,
-            "C": phi.cache_width, "M": M, "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
+            "C": key_cache(phi).width, "M": M, "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
 
 
 def self_attention_values(s: dict, t: int) -> int:

@@ -4,7 +4,7 @@ ELU+1 and DPFP, on the causal path (after a short and a long prefix: the lazy ca
 the cross path (the cached source memory). A step that synchronises with the host, allocates outside
 the graph's pool or keeps a Python-side decision that depends on tensor values fails here.
 Then, per rule, torch.compile(fullgraph=True) of a causal layer training on the kernels (forward and
-backward through the custom ops of fw_fairseq/ops/custom_ops.py, first call compiled: the dispatch
+backward through the custom ops of the rules' chunked.py and fw_fairseq/ops/kernels/cuda_ops.py, first call compiled: the dispatch
 imports the extension while dynamo traces) must equal eager.
 Run by scripts/gpu_check.sh (step cuda_graph); exits 1 if any case fails.
 

@@ -9,7 +9,7 @@ all four. So `make gpu-kit` (scripts/gpu_kit.py) runs build(): in a CPython 3.12
 prebuilt-<step>.tar.gz, recorded in MANIFEST.json with the digest of the files it was built from, the torch,
 Python and architecture. On the node, gpu_check.py calls unpack() before each build step: an archive made from
 the same files for the node's torch, Python and GPU is unpacked and imported, and the step is recorded as
-"prebuilt"; anything else (another commit's cuda/, an import error) and the step builds there as before.
+"prebuilt"; anything else (another commit's csrc/cuda/, an import error) and the step builds there as before.
 The same holds for Triton's kernel cache of the fused read (gpu_check.py's warm_triton): compiled here for the GPU's
 architecture by scripts/gpu_triton_cache.py in the build venv, whose Triton is the node's, and checked on the node
 against its Triton version as well.
@@ -57,7 +57,7 @@ def sources(step, repo, kit):
     if ITEMS[step].files is not None:
         return ITEMS[step].files(repo)
     if ITEMS[step].sdist is None:
-        return [*(repo / "cuda").iterdir(), *(repo / "cpu").iterdir(), repo / "setup.py"]
+        return [*(repo / "csrc" / "cuda").iterdir(), *(repo / "csrc" / "cpu").iterdir(), repo / "setup.py"]
     path = sdist(kit, step)
     return [path] if path.exists() else []
 
@@ -169,7 +169,7 @@ def build_env(cuda_home):
 
 def build_extension(py, repo, kit, work, env):
     """fw_fairseq's two extensions, built in a copy of what setup.py reads; -> the modules' paths under work."""
-    for name in ("cuda", "cpu", "fw_fairseq", "hydra_plugins"):
+    for name in ("csrc", "fw_fairseq", "hydra_plugins"):
         shutil.copytree(repo / name, work / name, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     shutil.copy2(repo / "setup.py", work / "setup.py")
     subprocess.run([str(py), "setup.py", "-q", "build_ext", "--inplace"], cwd=work, env=env, check=True)
@@ -222,7 +222,7 @@ class Item:
     folder: str  # the folder under that root the archive's paths start from ("" for the root itself)
     on_sdist: bool  # unpacked on top of a fresh tree of its sdist (fairseq runs from its source tree)
     build: Callable  # (build python, repo, kit, work folder, env) -> the archive's paths under work (None: not here)
-    files: Optional[Callable] = None  # repo -> the files it is built from, where neither the sdist nor cuda/, cpu/
+    files: Optional[Callable] = None  # repo -> the files it is built from, where neither the sdist nor csrc/
     fixup: Optional[Callable] = None  # dest -> None: what the unpacked files need on the node
 
 

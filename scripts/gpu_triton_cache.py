@@ -65,7 +65,7 @@ def launches(cases, rules, device):
     sys.path.insert(0, str(REPO / "benchmarks"))
     import bench_fused_read_gpu as bench
     from fw_fairseq.ops import feature_map
-    from fw_fairseq.ops.fused_read import fused_read
+    from fw_fairseq.ops.rules.public import fused_read
 
     done = []
     for name in cases:

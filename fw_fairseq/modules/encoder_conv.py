@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fw_fairseq.ops.guards import first_order
+from fw_fairseq.ops.common.guards import first_order
 
 
 class DepthwiseConv(torch.autograd.Function):

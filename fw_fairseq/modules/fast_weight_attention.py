@@ -16,6 +16,8 @@ What the attention computes comes from two places of fw_fairseq.ops, never decid
     alpha_t = sigmoid(w_alpha^T x_t + b), b starting at GATE_BIAS_INIT  (decay of the gated rule)
 Padding: a padded position's value row (with the z column) is zeroed, and each scalar takes the
 record's pad value there (beta = 0, alpha = 1): it writes nothing and decays nothing.
+The map and the record travel together as the block's `Block` (fw_fairseq/decoding/block.py), which forms phi and the
+values as the rule writes them; incremental decoding (incremental_state) is fw_fairseq/decoding's (steps.py).
 """
 from contextlib import nullcontext
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -29,12 +31,14 @@ from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.modules.flag_table import GATE_BIAS_INIT
 from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
-from fw_fairseq.modules.buffer_order import reorder_buffer
-from fw_fairseq.modules.decoder_state import causal_step, raw_causal_step
-from fw_fairseq.modules.source_memory import hypothesis_rows, read_per_sentence, read_source, source_beam, write_source
-from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
+from fw_fairseq.decoding.block import Block
+from fw_fairseq.decoding.buffer_order import reorder_buffer
+from fw_fairseq.decoding.source_memory import source_beam
+from fw_fairseq.decoding.steps import self_attention_step, source_step
+from fw_fairseq.ops import RULES, feature_map
+from fw_fairseq.ops.common.guards import state_dtype
 from fw_fairseq.ops.fused_read.dispatch import takes as fused_read_takes
-from fw_fairseq.ops.guards import state_dtype
+from fw_fairseq.ops.rules.raw_read import short_read
 
 ENCODER, CAUSAL, CROSS = "encoder", "causal", "cross"  # the three paths
 PLACE = {ENCODER: "encoder", CAUSAL: "decoder", CROSS: "cross"}  # a path's name in the --fw-* flags
@@ -49,11 +53,11 @@ class Projected(NamedTuple):
 
 
 class Writes(NamedTuple):
-    """What the written positions put into the memory, head-first, in the compute dtype."""
-    phi_k: Optional[Tensor]  # [B, H, S, E], None until _with_features
-    v: Tensor  # [B, H, S, D], or [B, H, S, D + 1] with the rule's z column (_with_features)
+    """What the written positions put into the memory, head-first: raw keys and values in the heads' dtype, scalars in
+    the compute dtype."""
+    keys: Tensor  # [B, H, S, D]
+    v: Tensor  # [B, H, S, D], 0 at padded positions
     scalars: Tuple[Tensor, ...]  # one [B, H, S] per scalar of the rule, in its ops' argument order
-    keys: Tensor  # [B, H, S, D]: the keys phi_k was computed from
 
 
 def _without_autocast(device_type: str):
@@ -102,6 +106,7 @@ class FastWeightAttention(nn.Module):
         # that checkpoints, --store-ema and scripts/average_checkpoints.py know.
         self.add_module(self.feature_map, feature_map(self.feature_map, self.head_dim, nu=config.dpfp_nu,
                                                       m=config.favor_features, fixed=config.favor_redraw == "never"))
+        self.block = Block.of(self.rule, self.phi, self.delta_norm)  # a plain attribute: phi stays registered once
         self.reset_parameters()
 
     @property
@@ -132,12 +137,6 @@ class FastWeightAttention(nn.Module):
             length, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
         return x if x.dtype == dtype else x.to(dtype)
 
-    def _features(self, heads: Tensor, is_query: bool) -> Tensor:
-        """[B, H, T, D] -> phi [B, H, T, E], normalised (--fw-delta-norm) where the rule says so."""
-        if self.rule.normalised_phi:
-            return self.phi.normalized(heads, is_query, self.delta_norm)
-        return self.phi(heads, is_query=is_query)
-
     def _project(self, x: Tensor) -> Projected:
         """Projections of the written positions x [S, B, C]."""
         logits = tuple(getattr(self, f"{name}_proj")(x) for name in self.rule.scalars)
@@ -145,8 +144,7 @@ class FastWeightAttention(nn.Module):
 
     def _writes(self, projected: Projected, key_padding_mask: Optional[Tensor], dtype: torch.dtype,
                 heads: torch.dtype) -> Writes:
-        """The written positions' raw keys and values (in `heads`) and scalars (in dtype), head-first; phi_k None
-        (_with_features adds it)."""
+        """The written positions' raw keys and values (in `heads`) and scalars (in dtype), head-first."""
         keys = self._heads(projected.k, heads)  # [B, H, S, D]
         v = self._heads(projected.v, heads)  # [B, H, S, D]
         # [S, B, H] -> [B, H, S]; a scale of 1 (the usual beta_max, alpha) skips an op a decoding step pays for
@@ -155,7 +153,7 @@ class FastWeightAttention(nn.Module):
         if self.beta_max != 1:
             scalars = [self.beta_max * x if name == "beta" else x for name, x in zip(self.rule.scalars, scalars)]
         if key_padding_mask is not None:
-            # A padded position writes nothing when its value row (and z entry, _with_features) is zero and
+            # A padded position writes nothing when its value row (and z entry, Block.values) is zero and
             # its scalars take the rule's pad values (beta = 0: no delta write, which would otherwise
             # subtract what its key reads). Its phi(k) may stay: phi(0) != 0 is then multiplied by 0,
             # and the value rows (M + 1 wide) are cheaper to mask than phi(k) (E wide).
@@ -163,36 +161,27 @@ class FastWeightAttention(nn.Module):
             v = v.masked_fill(pad[..., None], 0.0)
             scalars = [x.masked_fill(pad, self.rule.pad_values[name])
                        for name, x in zip(self.rule.scalars, scalars)]
-        return Writes(None, v, tuple(scalars), keys)
+        return Writes(keys, v, tuple(scalars))
 
-    def _with_features(self, writes: Writes, key_padding_mask: Optional[Tensor]) -> Writes:
-        """writes with phi(k) [B, H, S, E], and the z column on the values where the rule has one."""
-        v = append_z_column(writes.v, key_padding_mask) if self.rule.z_column else writes.v  # [B, H, S, D (+ 1)]
-        return writes._replace(phi_k=self._features(writes.keys, is_query=False), v=v)
-
-    @property
-    def _phi_norm(self) -> Optional[str]:
-        """The normalisation of phi of keys and queries (--fw-delta-norm) where the rule has one, else None."""
-        return self.delta_norm if self.rule.normalised_phi else None
-
-    def _raw_read(self, q_heads: Tensor, writes: Optional[Writes], key_padding_mask: Optional[Tensor],
-                  buffer) -> Optional[Tensor]:
-        """The read [B, H, T, D] (the z column divided out) from the raw heads in one op where the feature map has it
-        (the CPU kernels of DPFP, ELU+1, Hedgehog and FAVOR+), else None: a short sequence's in training and
-        validation (FeatureMap.short_read); in generation, the decoder self-attention's step over the lazy cache
-        (decoder_state.raw_causal_step) and the cross-attention's read of the cached source."""
-        if buffer is None:
-            return self.phi.short_read(self.update_rule, q_heads, writes.keys, writes.v, writes.scalars,
-                                       key_padding_mask, self.path == CAUSAL, self._phi_norm)
-        memory = buffer.get("memory") if self.path == CROSS else None
-        if memory is not None:
-            if q_heads.size(2) != 1 or not self.phi.has_raw_step(q_heads, memory):
-                return None
-            return self.phi.raw_source_read(q_heads, memory, self._phi_norm, self.rule.z_column)
-        if writes is None or self.path != CAUSAL or key_padding_mask is not None:  # a padded step's z entry is 0
-            return None
-        return raw_causal_step(buffer, self.phi, self._phi_norm, q_heads, writes.keys, writes.v, writes.scalars,
-                               self.rule.z_column)
+    def _attend(self, q_heads: Tensor, writes: Writes, key_padding_mask: Optional[Tensor],
+                dtype: torch.dtype) -> Tensor:
+        """Training and validation (nothing kept): the read [B, H, T, D] from the raw heads in one op where a kernel
+        takes the block (rules/raw_read.short_read: the fused GPU read, the CPU kernels), else phi formed in `dtype` and
+        the rule run, the same function."""
+        causal = self.path == CAUSAL
+        o = short_read(self.phi, self.rule, q_heads, writes.keys, writes.v, writes.scalars, key_padding_mask, causal,
+                       self.block.norm)
+        if o is not None:
+            return o
+        # half heads kept for the fused read that did not take the block: every other path in dtype
+        q_heads, keys, v = (x if x.dtype == dtype else x.to(dtype) for x in (q_heads, writes.keys, writes.v))
+        phi_q, phi_k = self.block.features(q_heads, is_query=True), self.block.features(keys, is_query=False)
+        v = self.block.values(v, key_padding_mask)  # [B, H, S, D (+ 1)]
+        if causal:
+            o = self.rule.causal(phi_q, phi_k, v, *writes.scalars)[0]
+        else:  # encoder self- and teacher-forced cross-attention: the ops may pick (q k^T) v for short sequences
+            o = self.rule.attend(phi_q, phi_k, v, *writes.scalars)
+        return self.block.read_out(o)
 
     def _merge(self, o: Tensor, dtype: torch.dtype) -> Tensor:
         """[B, H, T, D] read-out -> [T, B, C] of dtype."""
@@ -244,47 +233,16 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, heads)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype, heads) if projected is not None else None
-            o = self._raw_read(q_heads, writes, key_padding_mask, buffer)
-            if o is None and heads != dtype:  # a block the fused read does not take: every other path in dtype
-                q_heads = q_heads.to(dtype)
-                writes = writes._replace(keys=writes.keys.to(dtype), v=writes.v.to(dtype))
-            if o is None:
-                phi_q = self._features(q_heads, is_query=True)  # [B, H, T, E]
-                writes = self._with_features(writes, key_padding_mask) if writes is not None else None
-                if cached:
-                    o = self._read_source(phi_q, writes, beam, buffer)
-                elif self.path == CAUSAL:
-                    o = self._causal(phi_q, writes, buffer)
-                else:
-                    # encoder self- and teacher-forced cross-attention: nothing to keep, so the ops
-                    # may pick (q k^T) v for short sequences
-                    o = fast_weight_attend(phi_q, writes.phi_k, writes.v, *writes.scalars)
-                if self.rule.z_column:
-                    o = divide_by_z(o)  # [B, H, T, D]
+            if cached:  # the source is written once, at the first step (writes None after it)
+                o = source_step(buffer, self.block, q_heads, writes, key_padding_mask, beam)
+            elif buffer is not None and self.path == CAUSAL:
+                o = self_attention_step(buffer, self.block, q_heads, *writes, key_padding_mask)
+            else:
+                o = self._attend(q_heads, writes, key_padding_mask, dtype)
             o = self._merge(o, q.dtype)  # [T, B, C]
         if self.encoder_conv is not None:  # only on the encoder path, where query, key and value are one x
             o = o + self.encoder_conv(projected.v, key_padding_mask)
         return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
-
-    def _causal(self, phi_q: Tensor, writes: Writes, buffer) -> Tensor:
-        """Decoder self-attention: position t reads W_t. Generation carries, per layer, either the
-        lazy cache (the keys as the feature map keeps them, and the writes: decoder_state.py) while a
-        step over it reads fewer values than the [E, M] state, or the state: the buffer holds whichever
-        is live."""
-        if buffer is None:
-            return self.rule.causal(phi_q, writes.phi_k, writes.v, *writes.scalars)[0]
-        return causal_step(buffer, self.rule, self.phi, self._phi_norm, phi_q, writes.phi_k, writes.v, writes.keys,
-                           writes.scalars)
-
-    def _read_source(self, phi_q: Tensor, writes: Optional[Writes], beam: int, buffer) -> Tensor:
-        """Cross-attention in generation: the source is fixed, so it is written once per sentence
-        (`writes` is None once it is cached) and read by every step of every beam. "memory" holds
-        its memory [B / beam, H, E, M] or, for short sources, its keys' features and effective
-        writes [B / beam, H, S, E + M], whichever a step reads fewer values of (source_memory.py)."""
-        if writes is not None:
-            memory = write_source(self.rule, writes.phi_k, writes.v, *writes.scalars)
-            buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
-        return read_per_sentence(read_source, phi_q, buffer["memory"])
 
     # ------------------------------------------------------------ beam search
 

@@ -96,7 +96,7 @@ class FastWeightConfig:
         for flag, rule in (("--fw-update-rule", self.update_rule),
                            *((f"--fw-{place}-rule", rule) for place, rule in self.block_rules)):
             if rule not in UPDATE_RULES:
-                raise ValueError(f"{flag} got {rule!r}; allowed: {UPDATE_RULES}")
+                raise ValueError(f"{flag} got {rule!r}; allowed: {', '.join(UPDATE_RULES)}")
         if self.beta_max not in BETA_MAX:
             raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
         if self.delta_norm not in DELTA_NORMS:

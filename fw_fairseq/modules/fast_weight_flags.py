@@ -11,7 +11,7 @@ from typing import FrozenSet
 from fw_fairseq.modules.output_gate import OUTPUT_GATES
 from fw_fairseq.ops import RULES
 
-UPDATE_RULES = tuple(RULES)
+UPDATE_RULES = RULES  # the live table: a rule registered before the flags parse is allowed
 PLACES = ("encoder", "decoder", "cross")
 BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
 

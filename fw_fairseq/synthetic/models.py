@@ -30,6 +30,7 @@ from fw_fairseq.ops import (
     RULES as OPS_RULES,
     append_z_column,
     divide_by_z,
+    UpdateRule,
     fast_weight_delta,
     fast_weight_read,
     feature_map as build_feature_map,
@@ -37,7 +38,6 @@ from fw_fairseq.ops import (
 )
 
 FEATURE_MAPS = ("softmax", *OPS_FEATURE_MAPS, "tanh")
-RULES = (*OPS_RULES, "schlag")
 # alpha = sigmoid(W_alpha x + b) starts at sigmoid(5) = 0.993: a memory of L = 40 writes keeps 0.76 of
 # its first write, so training starts near the delta rule and learns how much to forget.
 _GATE_BIAS_INIT = 5.0
@@ -55,14 +55,14 @@ class RetrievalMemory(nn.Module):
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map={feature_map!r}; allowed: {FEATURE_MAPS}")
         if rule not in RULES:
-            raise ValueError(f"rule={rule!r}; allowed: {RULES}")
+            raise ValueError(f"rule={rule!r}; allowed: {', '.join(RULES)}")
         self.num_symbols, self.feature_map, self.rule, self.arg = num_symbols, feature_map, rule, arg
         self.d_key = d_key
         d_emb = int(2 * num_symbols * 1.1)
         self.embed = nn.Embedding(num_symbols, d_emb)  # e(.) for written and queried keys alike
         self.key_proj = nn.Linear(d_emb + num_symbols, d_key)  # W_K [e(k); v]
         self.query_proj = nn.Linear(d_emb, d_key)  # W_Q e(q)
-        scalars = () if feature_map == "softmax" else ("beta",) if rule == "schlag" else OPS_RULES[rule].scalars
+        scalars = () if feature_map == "softmax" else RULES[rule].scalars
         self.beta_proj = nn.Linear(d_emb + num_symbols, 1) if "beta" in scalars else None
         # None for softmax and tanh. FAVOR+ draws its projection from the global RNG, here, between the
         # projections and the inits below: the order the recorded results were seeded with.
@@ -119,16 +119,15 @@ class RetrievalMemory(nn.Module):
         projections = {"beta": self.beta_proj, "alpha": self.alpha_proj}
         scalars = {name: torch.sigmoid(self._project_writes(proj, keys, values)).transpose(1, 2)  # [B, 1, L]
                    for name, proj in projections.items() if proj is not None}
-        if self.rule != "schlag":
-            rule = OPS_RULES[self.rule]
-            if rule.normalised_phi:  # the paper's sum normalisation (§4.2)
-                phi_k, phi_q = sum_normalize(phi_k), sum_normalize(phi_q)
-            if rule.z_column:  # the memory's last column is z = sum phi(k) (Eq. 18): [B, 1, L, S + 1]
-                v = append_z_column(v)
-            read = fast_weight_read(phi_q, rule.write(phi_k, v, *(scalars[name] for name in rule.scalars)))
-            return (divide_by_z(read) if rule.z_column else read)[:, 0]  # [B, Q, S]
-        state = schlag_write(phi_k, v, scalars["beta"])  # [B, 1, E, S]
-        return F.layer_norm(fast_weight_read(phi_q, state), (S,))[:, 0]  # [B, Q, S]
+        rule = RULES[self.rule]
+        if rule.normalised_phi:  # the paper's sum normalisation (§4.2)
+            phi_k, phi_q = sum_normalize(phi_k), sum_normalize(phi_q)
+        if rule.z_column:  # the memory's last column is z = sum phi(k) (Eq. 18): [B, 1, L, S + 1]
+            v = append_z_column(v)
+        read = fast_weight_read(phi_q, rule.write(phi_k, v, *(scalars[name] for name in rule.scalars)))
+        if rule is SCHLAG:  # Schlag et al. layer-normalise their memory's read
+            read = F.layer_norm(read, (S,))
+        return (divide_by_z(read) if rule.z_column else read)[:, 0]  # [B, Q, S]
 
 
 def schlag_write(k, v, beta):
@@ -149,3 +148,9 @@ def schlag_write(k, v, beta):
         norm = state.flatten(2).norm(dim=-1)  # [B, H]
         state = state / norm.clamp_min(1.0)[..., None, None]
     return state
+
+
+# The task's own rule beside the ops' table: a memory (the write) and nothing else, which the module reads like
+# the others' (UpdateRule.write) and layer-normalises
+SCHLAG = UpdateRule(name="schlag", scalars=("beta",), pad_values={"beta": 0.0}, memory=schlag_write)
+RULES = {**OPS_RULES, SCHLAG.name: SCHLAG}

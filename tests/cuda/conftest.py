@@ -8,7 +8,7 @@ import emulated_ext
 
 @pytest.fixture(scope="session")
 def emulated(tmp_path_factory):
-    """cuda/'s kernels on the CPU (float64) behind fw_fairseq._cuda's interface."""
+    """csrc/cuda/'s kernels on the CPU (float64) behind fw_fairseq._cuda's interface."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not found: cannot build the CPU emulation of the kernels")
     return emulated_ext.build(tmp_path_factory.mktemp("emulator"))

@@ -1,8 +1,8 @@
-"""fw_fairseq._cuda's functions for CPU tensors, computed by cuda/'s own kernel code under a CPU
+"""fw_fairseq._cuda's functions for CPU tensors, computed by csrc/cuda/'s own kernel code under a CPU
 emulation of CUDA threads (emulator/cuda_emu.h), so that the kernels' indexing, masking and
 control flow are tested on machines without a GPU.
 
-The pass order of each function and its dtype contract mirror cuda/fast_weight.cpp (which needs a
+The pass order of each function and its dtype contract mirror csrc/cuda/fast_weight.cpp (which needs a
 GPU to run): inputs in one dtype (float16, bfloat16, float32 or float64), states in the binding's
 state dtype, results in the dtypes the binding allocates. The kernels themselves run in float64
 (inputs are widened exactly; emu::Scalar holds a double), so half-precision rounding inside a
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-CUDA_DIR = HERE.parents[1] / "cuda"
-SUM, DELTA, DELTA_GRAD, GATED_DELTA, GATED_DELTA_GRAD = 0, 1, 2, 3, 4  # fw::ColMode in cuda/col_mode.h
+CUDA_DIR = HERE.parents[1] / "csrc" / "cuda"
+SUM, DELTA, DELTA_GRAD, GATED_DELTA, GATED_DELTA_GRAD = 0, 1, 2, 3, 4  # fw::ColMode in csrc/cuda/col_mode.h
 
 _ptr, _int = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = {
@@ -82,7 +82,7 @@ def _nan_like(x, shape=None):
 
 
 def state_dtype(dtype):
-    """cuda/fast_weight.cpp's state_dtype: the states' (and the kernels' accumulation) dtype."""
+    """csrc/cuda/fast_weight.cpp's state_dtype: the states' (and the kernels' accumulation) dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -98,14 +98,37 @@ def _widen(fn, inputs, states):
     return dtype, [x.double() for x in [*inputs.values(), *states.values()]]
 
 
+# The binding's rules (bind_rule in csrc/cuda/fast_weight.cpp): kernel name -> the per-position scalars its
+# functions take after q, k, v, and the column mode of its forward.
+RULES = {"sum": ((), SUM), "delta": (("beta",), DELTA), "gated_delta": (("beta", "alpha"), GATED_DELTA)}
+
+
 class EmulatedExtension:
-    """Same signatures, dtype contract and results as fw_fairseq._cuda, for contiguous CPU tensors."""
+    """Same functions, signatures, dtype contract and results as fw_fairseq._cuda, for contiguous CPU tensors:
+    {kernel}_forward, {kernel}_backward and {kernel}_step for each kernel of RULES, made from one forward,
+    backward and step as the binding makes them."""
 
     def __init__(self, lib):
         self._lib = lib
         max_e, max_m = ctypes.c_int(), ctypes.c_int()
         lib.emu_limits(ctypes.byref(max_e), ctypes.byref(max_m))
         self.MAX_E, self.MAX_M = max_e.value, max_m.value  # as fw_fairseq._cuda exports them
+        for kernel, (scalars, _) in RULES.items():
+            self._bind(kernel, "forward", ("q", "k", "v", *scalars, "state0"))
+            self._bind(kernel, "backward", ("q", "k", "v", *scalars, "state0", "do", "dfinal"))
+            self._bind(kernel, "step", ("q", "k", "v", *scalars, "state"))
+
+    def _bind(self, kernel, which, names):
+        """self.{kernel}_{which}(*args): exactly the arguments `names`, positionally (else a TypeError, as the
+        binding raises), handed to self._{which}(fn, kernel, {name: argument})."""
+        fn, impl = f"{kernel}_{which}", getattr(self, f"_{which}")
+
+        def call(*args):
+            if len(args) != len(names):
+                raise TypeError(f"{fn}() takes ({', '.join(names)}), got {len(args)} arguments")
+            return impl(fn, kernel, dict(zip(names, args)))
+
+        setattr(self, fn, call)
 
     def _col(self, mode, q, k, v, beta, state_in, state_out, out, aux, reverse, alpha=None):
         tensors = [q, k, v, beta, alpha, state_in, state_out, out, aux]
@@ -114,47 +137,39 @@ class EmulatedExtension:
         B, H, T, P = q.shape
         _call(self._lib.emu_col, [mode, *tensors, B * H, T, P, v.shape[-1], int(reverse)], (state_out, out, aux))
 
-    def sum_forward(self, q, k, v, state):
-        dtype, (q, k, v, state) = _widen("sum_forward", dict(q=q, k=k, v=v), dict(state=state))
+    def _forward(self, fn, kernel, args):
+        """The binding's forward: the rule's forward column mode, from state0."""
+        scalars, mode = RULES[kernel]
+        dtype, (q, k, v, *xs, state) = _widen(fn, {n: args[n] for n in ("q", "k", "v", *scalars)},
+                                             dict(state=args["state0"]))
+        beta, alpha = (xs + [None, None])[:2]
         o, final_state = _nan_like(v), _nan_like(state)
-        self._col(SUM, q, k, v, None, state, final_state, o, None, False)
+        self._col(mode, q, k, v, beta, state, final_state, o, None, False, alpha)
         return o.to(state_dtype(dtype)), final_state.to(state_dtype(dtype))
 
-    def sum_backward(self, q, k, v, state0, do, dfinal):
-        dtype, (q, k, v, do, state0, dfinal) = _widen("sum_backward", dict(q=q, k=k, v=v, do=do),
-                                                      dict(state0=state0, dfinal=dfinal))
+    def _backward(self, fn, kernel, args):
+        """The binding's backward: the sum rule's three passes or the (gated) delta rule's four, gradients in
+        the input dtype and dstate0 in the state dtype."""
+        scalars, _ = RULES[kernel]
+        dtype, (q, k, v, *xs, do, state0, dfinal) = _widen(fn, {n: args[n] for n in ("q", "k", "v", *scalars, "do")},
+                                                           dict(state0=args["state0"], dfinal=args["dfinal"]))
+        if kernel == "sum":
+            *grads, dstate0 = self._sum_backward(q, k, v, do, state0, dfinal)
+        else:
+            *grads, dstate0 = self._delta_backward(q, k, v, *(xs + [None])[:2], do, state0, dfinal)
+        return (*(x.to(dtype) for x in grads), dstate0.to(state_dtype(dtype)))
+
+    def _sum_backward(self, q, k, v, do, state0, dfinal):
+        """csrc/cuda/fast_weight.cpp's sum_backward in float64: [dq, dk, dv, dstate0]."""
         dq, dk, dv, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(state0)
         self._col(SUM, do, v, k, None, state0.transpose(-1, -2).contiguous(), None, dq, None, False)
         self._col(SUM, v, do, q, None, dfinal.transpose(-1, -2).contiguous(), None, dk, None, True)
         self._col(SUM, k, q, do, None, dfinal, dstate0, dv, None, True)
-        return dq.to(dtype), dk.to(dtype), dv.to(dtype), dstate0.to(state_dtype(dtype))
+        return [dq, dk, dv, dstate0]
 
-    def delta_forward(self, q, k, v, beta, state):
-        return self._delta_forward("delta_forward", q, k, v, beta, None, state)
-
-    def gated_delta_forward(self, q, k, v, beta, alpha, state):
-        return self._delta_forward("gated_delta_forward", q, k, v, beta, alpha, state)
-
-    def _delta_forward(self, fn, q, k, v, beta, alpha, state):
-        gates = {} if alpha is None else dict(alpha=alpha)
-        dtype, (q, k, v, beta, *alpha, state) = _widen(fn, dict(q=q, k=k, v=v, beta=beta, **gates), dict(state=state))
-        o, final_state = _nan_like(v), _nan_like(state)
-        mode = GATED_DELTA if alpha else DELTA
-        self._col(mode, q, k, v, beta, state, final_state, o, None, False, *alpha)
-        return o.to(state_dtype(dtype)), final_state.to(state_dtype(dtype))
-
-    def delta_backward(self, q, k, v, beta, state0, do, dfinal):
-        return self._delta_backward("delta_backward", q, k, v, beta, None, state0, do, dfinal)
-
-    def gated_delta_backward(self, q, k, v, beta, alpha, state0, do, dfinal):
-        return self._delta_backward("gated_delta_backward", q, k, v, beta, alpha, state0, do, dfinal)
-
-    def _delta_backward(self, fn, q, k, v, beta, alpha, state0, do, dfinal):
-        """cuda/fast_weight.cpp's delta_backward, or gated_delta_backward when alpha is given."""
-        gates = {} if alpha is None else dict(alpha=alpha)
-        dtype, (q, k, v, beta, *alpha, do, state0, dfinal) = _widen(
-            fn, dict(q=q, k=k, v=v, beta=beta, **gates, do=do), dict(state0=state0, dfinal=dfinal))
-        alpha = alpha[0] if alpha else None
+    def _delta_backward(self, q, k, v, beta, alpha, do, state0, dfinal):
+        """csrc/cuda/fast_weight.cpp's delta_backward in float64, gated where alpha is given:
+        [dq, dk, dv, dbeta, dstate0], with dalpha before dstate0 for the gated rule."""
         B, H, T, E = q.shape
         vbar, du, dk_part = _nan_like(v), _nan_like(v), _nan_like(q)
         dq, dk, dv, dbeta, dstate0 = _nan_like(q), _nan_like(k), _nan_like(v), _nan_like(beta), _nan_like(state0)
@@ -165,33 +180,26 @@ class EmulatedExtension:
         _call(self._lib.emu_delta_rows, [q, k, v, beta, alpha, do, vbar, du, state0, dfinal, dk_part, dq, dk, dbeta,
                                          B * H, T, E, v.shape[-1]], (dk_part, dq, dk, dbeta))
         grads = [dq, dk, dv, dbeta]
-        if alpha is not None:  # the binding's reverse cumulative sum (cuda/README.md, the gate's gradient)
+        if alpha is not None:  # the binding's gate_grad: a reverse cumulative sum (csrc/cuda/README.md)
             per_position = (o * do).sum(-1) - (dv * v).sum(-1)  # [B, H, T]
             dlog_alpha = per_position.flip(-1).cumsum(-1).flip(-1) + (dfinal * final_state).sum((-2, -1))[..., None]
             grads.append(dlog_alpha / alpha)
-        return (*(x.to(dtype) for x in grads), dstate0.to(state_dtype(dtype)))
+        return [*grads, dstate0]
 
-    def _step(self, fn, inputs, state):
+    def _step(self, fn, kernel, args):
         """One step; the caller's state (in the state dtype) is updated in place, as the kernel does."""
-        dtype, widened = _widen(fn, inputs, dict(state=state))
-        q, k, v, beta, alpha, state64 = [widened[list(inputs).index(name)] if name in inputs else None
-                                         for name in ("q", "k", "v", "beta", "alpha")] + widened[-1:]
+        scalars, _ = RULES[kernel]
+        state = args["state"]
+        dtype, (q, k, v, *xs, state64) = _widen(fn, {n: args[n] for n in ("q", "k", "v", *scalars)},
+                                               dict(state=state))
+        beta, alpha = (xs + [None, None])[:2]
         B, H, T, E = q.shape
         assert T == 1
         o = _nan_like(v)
-        _call(self._lib.emu_step, [int(beta is not None), q, k, v, beta, alpha, state64, o, B * H, E, v.shape[-1]],
+        _call(self._lib.emu_step, [int(kernel != "sum"), q, k, v, beta, alpha, state64, o, B * H, E, v.shape[-1]],
               (state64, o))
         state.copy_(state64)
         return o.to(state_dtype(dtype))
-
-    def sum_step(self, q, k, v, state):
-        return self._step("sum_step", dict(q=q, k=k, v=v), state)
-
-    def delta_step(self, q, k, v, beta, state):
-        return self._step("delta_step", dict(q=q, k=k, v=v, beta=beta), state)
-
-    def gated_delta_step(self, q, k, v, beta, alpha, state):
-        return self._step("gated_delta_step", dict(q=q, k=k, v=v, beta=beta, alpha=alpha), state)
 
     def step_geometry(self, E, M):
         """(threads per block, dynamic shared memory bytes for a double state) of the step launcher."""

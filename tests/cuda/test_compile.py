@@ -1,4 +1,4 @@
-"""Every source in cuda/ compiles with nvcc, as setup.py would build it (same torch headers and flags),
+"""Every source in csrc/cuda/ compiles with nvcc, as setup.py would build it (same torch headers and flags),
 for Hopper (sm_90). Runs wherever nvcc exists, GPU or not. One architecture keeps the test near a
 minute on two cores; FW_COMPILE_ARCHS="90 80" checks more (the kernels use nothing beyond sm_70).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+CUDA_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cuda"
 NVCC = shutil.which("nvcc")
 ARCHS = os.environ.get("FW_COMPILE_ARCHS", "90").split()
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 # Largest block each kernel (a name in the mangled symbol) is launched with: col_kernel and
 # delta_rows_kernel kColWarps / kRowWarps (4) warps, also their __launch_bounds__; step_kernel
-# groups * M threads, at most 1024 by the TORCH_CHECK in cuda/step.cu (381 at M <= 160). A kernel
+# groups * M threads, at most 1024 by the TORCH_CHECK in csrc/cuda/step.cu (381 at M <= 160). A kernel
 # missing here fails the test, so that a new one gets its bound.
 MAX_THREADS = {"col_kernel": 128, "delta_rows_kernel": 128, "step_kernel": 1024}
 REGISTER_FILE = 65536  # 32-bit registers per SM, and so per block, on sm_70 .. sm_90
@@ -65,7 +65,7 @@ def _compile(source, flags, out_dir):
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """{source name: nvcc's CompletedProcess} for every source in cuda/, compiled once for both tests."""
+    """{source name: nvcc's CompletedProcess} for every source in csrc/cuda/, compiled once for both tests."""
     tmp_path = tmp_path_factory.mktemp("nvcc")
     sources = sorted(CUDA_DIR.glob("*.cu")) + sorted(CUDA_DIR.glob("*.cpp"))
     assert {s.name for s in sources} >= {"columns.cu", "columns_sum.cu", "columns_delta.cu", "columns_gated.cu", "rows.cu", "step.cu", "fast_weight.cpp"}

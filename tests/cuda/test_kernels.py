@@ -1,9 +1,9 @@
-"""The kernels in cuda/ against the reference loops (fw_fairseq.ops.naive): outputs, final states and
+"""The kernels in csrc/cuda/ against the reference loops (fw_fairseq.ops.rules.naive): outputs, final states and
 the gradients of q, k, v, beta, alpha and the initial state under random upstream gradients, for the
 sum, delta and gated delta rules.
 
-Two backends run the same checks through the ops developer's autograd wrappers
-(fw_fairseq.ops.cuda_functions, which take the extension as an argument):
+Two backends run the same checks through the ops developer's autograd wrapper
+(fw_fairseq.ops.kernels.cuda_functions.KernelFunction, which takes the extension as an argument):
 - "compiled": fw_fairseq._cuda on a GPU, in float64, float32, bfloat16 and float16;
 - "emulated": the same kernel code on the CPU (tests/cuda/emulator), computing in float64, small shapes.
 On a GPU the public fast_weight_sum / _delta / _gated_delta are also checked to dispatch to the kernel;
@@ -18,9 +18,10 @@ import torch
 
 from fw_fairseq.ops import RULES as UPDATE_RULES
 from fw_fairseq.ops import fast_weight_delta, fast_weight_gated_delta, fast_weight_sum, fast_weight_write
-from fw_fairseq.ops import cuda_extension as public
-from fw_fairseq.ops.cuda_functions import DeltaFunction, GatedDeltaFunction, SumFunction
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+from fw_fairseq.ops.kernels import cuda_extension as public
+from fw_fairseq.ops.kernels.cuda_functions import KernelFunction
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 # (B, H, T, E, M): T = 1, odd T, E != M, M = d_value + 1 = 65, the limits E = 512 and M = 129 (and
@@ -58,7 +59,6 @@ def make_inputs(B, H, T, E, M, dtype, device, seed=0):
 
 _NAIVE = {"sum": naive_sum, "delta": naive_delta, "gated_delta": naive_gated_delta}
 _PUBLIC = {"sum": fast_weight_sum, "delta": fast_weight_delta, "gated_delta": fast_weight_gated_delta}
-_FUNCTIONS = {"sum": SumFunction, "delta": DeltaFunction, "gated_delta": GatedDeltaFunction}
 
 
 def rule_inputs(rule, inputs):
@@ -68,13 +68,14 @@ def rule_inputs(rule, inputs):
 
 
 def run(rule, fn, inputs):
-    """(o, final_state) of fn; fn is an ext (through the autograd wrappers) or 'naive' or 'public'."""
+    """(o, final_state) of fn; fn is an ext (through the autograd wrapper, KernelFunction, under the rule's
+    kernel name) or 'naive' or 'public'."""
     args = rule_inputs(rule, inputs)
     if fn == "naive":
         return _NAIVE[rule](*args, True)
     if fn == "public":
         return _PUBLIC[rule](*args, True)
-    return _FUNCTIONS[rule].apply(fn, *args)
+    return KernelFunction.apply(fn, UPDATE_RULES[rule].kernel, *args)
 
 
 def check_against_naive(rule, fn, inputs, tol):
@@ -106,7 +107,7 @@ def check_steps_equal_forward(rule, ext, inputs):
         for t in range(inputs[0].shape[2]):
             step = [x[:, :, t : t + 1].contiguous() for x in rule_inputs(rule, inputs)[:-1]]
             poison_cuda_cache()
-            outs.append(getattr(ext, f"{rule}_step")(*step, state))
+            outs.append(getattr(ext, f"{UPDATE_RULES[rule].kernel}_step")(*step, state))
     torch.testing.assert_close(torch.cat(outs, dim=2), o_full, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(state, s_full, rtol=1e-5, atol=1e-6)
 
@@ -194,6 +195,8 @@ def test_compiled_rejects_bad_inputs_with_clear_messages(compiled):
         compiled.sum_forward(big, big, v[:, :1, :2], torch.zeros(1, 1, compiled.MAX_E + 1, 8, device="cuda"))
     with pytest.raises(RuntimeError, match="expected 1"):
         compiled.delta_step(q, k, v, beta, s0)
+    with pytest.raises(TypeError):  # each rule's functions take exactly that rule's scalars
+        compiled.delta_forward(q, k, v, s0)
 
 
 @pytest.fixture

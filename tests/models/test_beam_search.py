@@ -6,8 +6,8 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from factories import build_model, random_tokens
-from fw_fairseq.modules import fast_weight_attention
-from fw_fairseq.modules.source_memory import write_source
+from fw_fairseq.decoding import steps
+from fw_fairseq.decoding.source_memory import write_source
 
 SENTENCES, BEAM = 3, 4
 
@@ -48,7 +48,7 @@ def memory_batches(monkeypatch):
         sizes.append(phi_k.shape[0])
         return write_source(rule, phi_k, v, *scalars)
 
-    monkeypatch.setattr(fast_weight_attention, "write_source", counting_write)
+    monkeypatch.setattr(steps, "write_source", counting_write)
     return sizes
 
 

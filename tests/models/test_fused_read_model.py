@@ -48,8 +48,8 @@ def test_model_through_the_fused_read_equals_its_other_path(config, monkeypatch)
     torch.manual_seed(1)
     expected, expected_grads = loss_and_grads(model, src, lengths, prev)
     calls = []
-    original = dispatch._read
-    monkeypatch.setattr(dispatch, "_read", lambda *args: calls.append(args[1].name) or original(*args))
+    original = dispatch.read
+    monkeypatch.setattr(dispatch, "read", lambda *args: calls.append(args[1].name) or original(*args))
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(dispatch, "CUDA_DTYPES", dispatch.CUDA_DTYPES + (torch.float64,))
     torch.manual_seed(1)  # FAVOR+ redraws R at every training forward: the same draw for both paths

@@ -1,4 +1,4 @@
-"""The lazy decoding state of the decoder self-attention (fw_fairseq/modules/decoder_state.py):
+"""The lazy decoding state of the decoder self-attention (fw_fairseq/decoding/decoder_state.py):
 token-by-token decoding equals teacher forcing (float64) before, at and after the step where the
 cache of the keys (DPFP: the raw keys, scored by its kernel in generation) and the writes is folded into the [E, M] state, for every feature
 map x rule, with beam reordering on both sides of the switch and left-padded sources and targets."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from factories import build_model, random_tokens
-from fw_fairseq.modules.buffer_order import LINEAGE, ORDER
+from fw_fairseq.decoding.buffer_order import LINEAGE, ORDER
 from fw_fairseq.ops import FEATURE_MAPS, RULES
 
 BSZ, SRC_LEN = 3, 7
@@ -24,7 +24,7 @@ def fw_args(feature_map, rule, delta_norm="sum"):
 def switch_step(attention):
     """The first decoding step (1-based) whose cache of t positions would read more values,
     t (C + M) with C the cached key's width, than the [E, M] state: E M // (C + M) + 1."""
-    d, E, C = attention.head_dim, attention.phi.out_dim, attention.phi.cache_width
+    d, E, C = attention.head_dim, attention.phi.out_dim, attention.block.keys.width
     M = d + 1 if attention.rule.z_column else d
     return E * M // (C + M) + 1
 
@@ -83,7 +83,7 @@ def _decode_across_the_switch(args, rule):
         assert ("keys" in buffer) == lazy and ("state" in buffer) == (not lazy), (t, sorted(buffer))
         assert ("decay" in buffer) == (lazy and rule == "gated_delta")
         if lazy:
-            assert buffer["keys"].shape == (BSZ, attention.num_heads, t + 1, attention.phi.cache_width)
+            assert buffer["keys"].shape == (BSZ, attention.num_heads, t + 1, attention.block.keys.width)
     for t, (got, want) in enumerate(stepwise):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=lambda m: f"step {t + 1}: {m}")
 

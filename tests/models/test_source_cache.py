@@ -1,9 +1,9 @@
-"""The cached source of cross-attention in generation (fw_fairseq/modules/source_memory.py): short
+"""The cached source of cross-attention in generation (fw_fairseq/decoding/source_memory.py): short
 sources keep their keys' features and effective writes [rows, H, S, E + M], longer ones the memory
 [rows, H, E, M]. Token-by-token decoding with either form equals teacher-forced cross-attention
 (float64) for every feature map x rule, with left-padded sources, one cached row per sentence
 shared by its beams, and beam reorders that keep, drop and split sentence groups. A step after the first reads the
-source from the raw queries in one kernel call where the CPU extension is built (FeatureMap.raw_source_read), the
+source from the raw queries in one kernel call where the CPU extension is built (KernelBackend.source_read), the
 same function as forming phi(q) first."""
 import itertools
 
@@ -12,10 +12,10 @@ import torch
 
 from factories import randomize_scalar_projections
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
-from fw_fairseq.modules import source_memory
+from fw_fairseq.decoding import source_memory
+from fw_fairseq.decoding.backend import KernelBackend
 from fw_fairseq.ops import FEATURE_MAPS, RULES
-from fw_fairseq.ops.cpu_extension import cpu_kernel
-from fw_fairseq.ops.feature_maps import FeatureMap
+from fw_fairseq.ops.kernels.cpu_extension import cpu_kernel
 
 C, H = 32, 2  # d_key 16
 SENTENCES, BEAM = 3, 2
@@ -101,15 +101,15 @@ def test_cached_source_equals_teacher_forcing(feature_map, rule, cached, monkeyp
 @pytest.mark.parametrize("feature_map,rule", list(itertools.product(FEATURE_MAPS, RULES)))
 @pytest.mark.parametrize("cached", [True, False])
 def test_steps_read_the_source_from_the_raw_queries(feature_map, rule, cached, monkeypatch):
-    """Every step but the first (which writes the source) reads through raw_source_read, equal to the read of
+    """Every step but the first (which writes the source) reads through the kernel's source_read, equal to the read of
     phi(q) (float64) in both forms of the source."""
     attn = cross_attention(feature_map, rule)
     length = longest_cached(attn) + (0 if cached else 1)
-    calls, original = [], FeatureMap.raw_source_read
-    monkeypatch.setattr(FeatureMap, "raw_source_read", lambda self, *args: calls.append(1) or original(self, *args))
+    calls, original = [], KernelBackend.source_read
+    monkeypatch.setattr(KernelBackend, "source_read", lambda self, *args: calls.append(1) or original(self, *args))
     raw, _ = decode(attn, *sources(length))
     assert len(calls) == len(raw) - 1
-    monkeypatch.setattr(FeatureMap, "has_raw_step", lambda self, q, cached: False)
+    monkeypatch.setattr(KernelBackend, "raw", False)
     features, _ = decode(attn, *sources(length))
     assert len(calls) == len(raw) - 1
     for t, ((got, _), (want, _)) in enumerate(zip(raw, features)):
@@ -128,7 +128,7 @@ def test_effective_writes_sum_to_the_memory(rule):
                "alpha": torch.rand(B, H, S, generator=g, dtype=torch.float64) ** 4}
     phi_k[0, :, :3], scalars["beta"][0, :, :3], scalars["alpha"][0, :, :3] = 0.0, 0.0, 1.0  # padded
     scalars = [scalars[name] for name in RULES[rule].scalars]
-    u = source_memory.effective_writes(phi_k, v, *scalars)
+    u = RULES[rule].writes(phi_k, v, *scalars)
     torch.testing.assert_close(phi_k.transpose(-1, -2) @ u, RULES[rule].write(phi_k, v, *scalars),
                                rtol=1e-12, atol=1e-12)
     if scalars:  # beta = 0: padded positions write nothing (the sum rule's are read through phi(k) = 0)

@@ -1,8 +1,9 @@
-"""Generation's decoder self-attention step from the raw heads (decoder_state.raw_causal_step, on cpu/raw_step.cpp's
-raw_lazy_step: phi, its normalisation and the sum rule's z column in the kernel) is the same function as the step
-that forms phi in PyTorch first (FeatureMap.cached_step): float64, every feature map x rule x --fw-delta-norm, beam
-reorders (traced through the kernel's lineage, also with fewer hypotheses than cache rows) before and after the cache
-is folded into the state, and the raw step runs on every lazy step but the first."""
+"""Generation's decoder self-attention step from the raw heads (decoder_state.raw_causal_step, on
+csrc/cpu/raw_step.cpp's raw_lazy_step: phi, its normalisation and the sum rule's z column in the kernel) is the same
+function as the step that forms phi in PyTorch first (the kernel backend's lazy_step, decoding/backend.py): float64,
+every feature map x rule x --fw-delta-norm, beam reorders (traced through the kernel's lineage, also with fewer
+hypotheses than cache rows) before and after the cache is folded into the state, and the raw step runs on every lazy
+step but the first."""
 import itertools
 
 import pytest
@@ -10,8 +11,9 @@ import torch
 
 from fw_fairseq.modules import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
-from fw_fairseq.ops import FEATURE_MAPS, RULES, feature_maps
-from fw_fairseq.ops.cpu_extension import cpu_kernel
+from fw_fairseq.ops import FEATURE_MAPS, RULES
+from fw_fairseq.decoding.backend import KernelBackend
+from fw_fairseq.ops.kernels.cpu_extension import cpu_kernel
 
 pytestmark = pytest.mark.skipif(cpu_kernel(torch.zeros(1)) is None, reason="the CPU extension is not built")
 
@@ -34,15 +36,15 @@ def _decode(layer, xs, monkeypatch, raw):
     """The layer's outputs [1, B, C] step by step over xs [T, B, C] (the first B of them: as many as there are
     hypotheses) with REORDERS; the steps that ran raw."""
     ran = []
-    original = feature_maps.FeatureMap.raw_step
+    original = KernelBackend.raw_step
 
     def counted(self, *args):
         ran.append(len(outputs))
         return original(self, *args)
 
-    monkeypatch.setattr(feature_maps.FeatureMap, "raw_step", counted)
+    monkeypatch.setattr(KernelBackend, "raw_step", counted)
     if not raw:
-        monkeypatch.setattr(feature_maps.FeatureMap, "has_raw_step", lambda self, q, cached: False)
+        monkeypatch.setattr(KernelBackend, "raw", False)
     state, outputs, rows = {}, [], xs.size(1)
     with torch.no_grad():
         for t in range(len(xs)):
@@ -66,7 +68,7 @@ def test_the_raw_step_equals_the_features_step(feature_map, rule, norm, monkeypa
     want, none = _decode(layer, xs, monkeypatch, raw=False)
     assert none == []
     lazy_steps = layer.phi.out_dim * (layer.head_dim + layer.rule.z_column) // (
-        layer.phi.cache_width + layer.head_dim + layer.rule.z_column)  # the positions a cache holds: `capacity`
+        layer.block.keys.width + layer.head_dim + layer.rule.z_column)  # the positions a cache holds: `capacity`
     assert ran == list(range(min(lazy_steps, STEPS)))  # every lazy step, the first one's too (0-based)
     for t, (got, expected) in enumerate(zip(ours, want)):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t + 1}: {m}")

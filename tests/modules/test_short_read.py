@@ -1,4 +1,4 @@
-"""FastWeightAttention's read of a short sequence from the raw heads (FeatureMap.short_read: DPFP, ELU+1, Hedgehog and
+"""FastWeightAttention's read of a short sequence from the raw heads (raw_read.short_read: DPFP, ELU+1, Hedgehog and
 FAVOR+ on the CPU kernel, for the sum rule and the delta rule on each path) is the same function as forming phi and
 running the rule:
 outputs and every gradient (parameters and inputs) in float64, with padding, in training mode; and where the
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from fw_fairseq.modules import FastWeightAttention, FastWeightConfig
-from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
-from fw_fairseq.ops.cpu_extension import cpu_kernel
-from fw_fairseq.ops.cpu_extension import KERNEL_MAPS
-from fw_fairseq.ops.feature_maps import FeatureMap
+from fw_fairseq.ops.common.chunking import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
+from fw_fairseq.ops.kernels.cpu_extension import cpu_kernel
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
+from fw_fairseq.modules import fast_weight_attention
 
-FUSED_READ = FeatureMap.short_read
+FUSED_READ = fast_weight_attention.short_read
 C, H = 16, 2  # d_key 8
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
@@ -23,10 +23,10 @@ CASES = [("sum", "encoder"), ("sum", "causal"), ("sum", "cross"), ("delta", "enc
 def run(name, rule, path, T, S, fused, monkeypatch, seed=3):
     """(output, gradients of the parameters and of query and key, whether the short read ran) of one training call."""
     ran = []
-    def spy(self, *args):
-        ran.append(FUSED_READ(self, *args) if fused else None)
+    def spy(phi, *args):
+        ran.append(FUSED_READ(phi, *args) if fused else None)
         return ran[-1]
-    monkeypatch.setattr(FeatureMap, "short_read", spy)
+    monkeypatch.setattr(fast_weight_attention, "short_read", spy)
     torch.manual_seed(0)
     config = FastWeightConfig(name, rule, 2, 8, frozenset(), 1, delta_norm="l2", encoder_conv=3)
     attn = FastWeightAttention(C, H, config, **PATHS[path]).double().train()

@@ -34,7 +34,7 @@ def make_inputs():
 def cpu_form(request, monkeypatch):
     """The ops with a compiled CPU kernel (fw_fairseq._cpu: DPFP, the decoding steps) on the kernel, then
     in their PyTorch form (the extension taken away)."""
-    from fw_fairseq.ops import cpu_extension
+    from fw_fairseq.ops.kernels import cpu_extension
 
     if request.param == "kernel" and cpu_extension.cpu_kernel(torch.zeros(1)) is None:
         pytest.skip("fw_fairseq._cpu is not built")

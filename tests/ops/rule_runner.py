@@ -4,8 +4,12 @@ find another directory's conftest when the whole suite runs."""
 import torch
 
 from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum
-from fw_fairseq.ops.chunked import chunked_delta, chunked_gated_delta, chunked_sum
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+from fw_fairseq.ops.rules.delta.chunked import chunked_delta, chunked_gated_delta
+from fw_fairseq.ops.rules.sum.chunked import chunked_sum
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.reference import naive_noncausal
+from fw_fairseq.ops.rules.registry import rule_with
+from fw_fairseq.ops.rules.sum.naive import naive_sum
 
 RULE_FNS = {
     "sum": {"naive": naive_sum, "chunked": chunked_sum, "public": fast_weight_sum},
@@ -36,3 +40,10 @@ def run_rule(rule, impl, q, k, v, beta, state, chunk=64, alpha=None):
     kwargs = {"chunk_size": chunk} if impl == "chunked" else {}
     scalars = {"beta": beta, "alpha": gates_from(beta) if alpha is None else alpha}
     return fn(q, k, v, *(scalars[name] for name in SCALARS[rule]), state, True, **kwargs)
+
+
+def noncausal_reference(q, k, v, beta=None, alpha=None):
+    """The reference non-causal read (reference.naive_noncausal) of the rule that takes the given scalars: the sum
+    rule without beta, the delta rule with beta, the gated rule with beta and alpha."""
+    rule, scalars = rule_with("noncausal_reference", {"beta": beta, "alpha": alpha})
+    return naive_noncausal(rule, q, k, v, *scalars.values())

@@ -1,4 +1,4 @@
-"""The delta rule's fused read (fw_fairseq/ops/fused_read/delta_read.py) against the composition it replaces, in
+"""The delta rule's fused read (fw_fairseq/ops/rules/delta/fused_read.py) against the composition it replaces, in
 float64: phi of the raw heads normalised as the feature maps do it (FeatureMap.normalized), then the rules' ops over
 those features (fast_weight_delta, fast_weight_gated_delta causal, fast_weight_attend otherwise); outputs and the
 gradients of q, k, v, beta (and alpha) under a random upstream gradient. On a GPU the kernels run compiled on CUDA
@@ -13,10 +13,10 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from fw_fairseq.ops.feature_maps import feature_map  # noqa: E402
-from fw_fairseq.ops.fused_read.delta_read import delta_read  # noqa: E402
+from fw_fairseq.ops.maps.feature_maps import feature_map  # noqa: E402
+from fw_fairseq.ops.rules.delta.fused_read import delta_read  # noqa: E402
 from fw_fairseq.ops.fused_read.launch import map_spec  # noqa: E402
-from fw_fairseq.ops.rules import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta  # noqa: E402
+from fw_fairseq.ops.rules.public import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAPS = {"dpfp": dict(nu=2), "elu": {}, "hedgehog": {}, "favor": dict(m=12)}

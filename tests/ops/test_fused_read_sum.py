@@ -7,9 +7,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from fw_fairseq.ops.feature_maps import feature_map  # noqa: E402
-from fw_fairseq.ops.fused_read import fused_read  # noqa: E402
-from fw_fairseq.ops.z_column import Z_EPS  # noqa: E402
+from fw_fairseq.ops.maps.feature_maps import feature_map  # noqa: E402
+from fw_fairseq.ops.rules.public import fused_read  # noqa: E402
+from fw_fairseq.ops.common.z_column import Z_EPS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAPS = {"dpfp": dict(nu=2), "elu": {}, "hedgehog": {}, "favor": dict(m=12)}

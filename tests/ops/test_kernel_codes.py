@@ -1,19 +1,19 @@
 """The codes of phi's maps and normalisations, one table each on the Python side (cpu_extension.KERNEL_MAPS,
-KERNEL_NORMS), are the C++ kernels' enums (cpu/map_rows.h fw::Map, cpu/dpfp_rows.h fw::Norm), which are written
-by hand, so a code changed on one side alone fails here rather than running another map; the Triton kernels'
+KERNEL_NORMS), are the C++ kernels' enums (csrc/cpu/map_rows.h fw::Map, csrc/cpu/dpfp_rows.h fw::Norm), which are
+written by hand, so a code changed on one side alone fails here rather than running another map; the Triton kernels'
 constants (fused_read/phi_tiles.py) are made from KERNEL_MAPS."""
 import re
 from pathlib import Path
 
 import pytest
 
-from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, KERNEL_NORMS
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, KERNEL_NORMS
 
-CPU = Path(__file__).resolve().parents[2] / "cpu"
+CPU = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 
 
 def enum(header, name):
-    """{member: value} of `enum name : int64_t { kA = 0, ... }` in cpu/header."""
+    """{member: value} of `enum name : int64_t { kA = 0, ... }` in csrc/cpu/header."""
     body = re.search(rf"enum {name} : int64_t {{([^}}]*)}}", (CPU / header).read_text()).group(1)
     return {member: int(value) for member, value in re.findall(r"k(\w+) = (\d+)", body)}
 

@@ -6,7 +6,7 @@ import torch
 
 from fw_fairseq.ops import (fast_weight_delta, fast_weight_gated_delta, fast_weight_read, fast_weight_sum,
                             fast_weight_write)
-from fw_fairseq.ops.naive import naive_noncausal
+from rule_runner import noncausal_reference as naive_noncausal
 
 
 @pytest.mark.parametrize("T", [1, 5])
@@ -146,7 +146,7 @@ def test_read_rejects_bad_inputs(name, bad, match):
 
 def test_cpu_never_touches_the_cuda_extension(monkeypatch):
     # the dispatch picks the chunked path for CPU tensors before trying to import fw_fairseq._cuda
-    import fw_fairseq.ops.cuda_extension as fw
+    import fw_fairseq.ops.kernels.cuda_extension as fw
 
     monkeypatch.setattr(fw, "_extension", None)
     assert fw.cuda_kernel(torch.rand(1, 1, 2, 3), torch.rand(1, 1, 2, 3), "delta") is None
@@ -161,7 +161,7 @@ class _CudaLike:
 
 
 def test_dispatch_sends_each_rule_only_to_its_own_kernel(monkeypatch):
-    import fw_fairseq.ops.cuda_extension as fw
+    import fw_fairseq.ops.kernels.cuda_extension as fw
 
     ungated = SimpleNamespace(MAX_E=512, MAX_M=160, sum_forward=None, delta_forward=None)  # no gated kernel
     monkeypatch.setattr(fw, "_extension", ungated)

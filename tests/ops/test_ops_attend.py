@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import fast_weight_attend
-from fw_fairseq.ops.naive import naive_noncausal
+from rule_runner import noncausal_reference as naive_noncausal
 
 
 @pytest.mark.parametrize("delta", [False, True])
@@ -40,7 +40,7 @@ def test_attend_rejects_mismatched_query(make_inputs):
 @pytest.mark.parametrize("rule", ["delta", "gated_delta"])
 @pytest.mark.parametrize("T,Tq,E,M", [(5, 3, 16, 9), (80, 70, 4, 3)])
 def test_attend_without_autograd_reads_the_effective_writes(make_inputs, rule, T, Tq, E, M):
-    """Where autograd records nothing, the delta rules' short order (q k^T) U (effective_writes.py) and
+    """Where autograd records nothing, the delta rules' short order (q k^T) U (rules/delta/writes.py) and
     their long one give naive_noncausal's outputs, padded positions (beta = 0, zero values) included."""
     from rule_runner import make_alpha
 

@@ -3,9 +3,11 @@ loop's autograd in float64, for every combination of upstream gradients they spe
 import pytest
 import torch
 
-from fw_fairseq.ops.chunked import chunked_delta, chunked_gated_delta, chunked_sum
-from fw_fairseq.ops.chunked_delta_function import unit_lower_inverse_
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.delta.chunked import chunked_delta, chunked_gated_delta
+
+from fw_fairseq.ops.rules.sum.chunked import chunked_sum
+from fw_fairseq.ops.rules.delta.chunked_function import unit_lower_inverse_
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
 from rule_runner import SCALARS, make_alpha, run_rule
 
 

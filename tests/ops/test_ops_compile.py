@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch._dynamo.testing
 
-from fw_fairseq.ops import cuda_extension
+from fw_fairseq.ops.kernels import cuda_extension
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
 from public_ops import OP_IDS, PUBLIC_OPS
 from rule_runner import run_rule
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum
 from test_ops_cuda_wrappers import FakeExtension
 
 # compiling costs about a second per case: one case per op and branch of the dispatch

@@ -1,4 +1,5 @@
-"""The autograd wiring of cuda_functions.py, checked on CPU against a stand-in for fw_fairseq._cuda.
+"""The autograd wiring of cuda_functions.py (cuda_causal, KernelFunction), checked on CPU against a stand-in for
+fw_fairseq._cuda.
 
 The real kernels need a GPU; this fake honours the same Python contract (autograd-free forward and
 backward, in-place single steps) with the naive reference, so argument order, gradient routing and
@@ -6,8 +7,9 @@ the step path are tested everywhere.
 """
 import torch
 
-from fw_fairseq.ops.cuda_functions import cuda_delta, cuda_gated_delta, cuda_sum
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
+from fw_fairseq.ops.kernels.cuda_functions import cuda_causal
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum
 from rule_runner import make_alpha
 
 
@@ -66,9 +68,9 @@ def test_wrappers_route_values_and_gradients(make_inputs):
     q, k, v, beta, state = inputs
     alpha = make_alpha(B=1, H=2, T=6, requires_grad=True)
     for wrapped, ref, args in [
-        (lambda *a: cuda_sum(FakeExtension, *a), lambda *a: naive_sum(*a, True), (q, k, v, state)),
-        (lambda *a: cuda_delta(FakeExtension, *a), lambda *a: naive_delta(*a, True), (q, k, v, beta, state)),
-        (lambda *a: cuda_gated_delta(FakeExtension, *a), lambda *a: naive_gated_delta(*a, True),
+        (lambda *a: cuda_causal(FakeExtension, "sum", *a), lambda *a: naive_sum(*a, True), (q, k, v, state)),
+        (lambda *a: cuda_causal(FakeExtension, "delta", *a), lambda *a: naive_delta(*a, True), (q, k, v, beta, state)),
+        (lambda *a: cuda_causal(FakeExtension, "gated_delta", *a), lambda *a: naive_gated_delta(*a, True),
          (q, k, v, beta, alpha, state)),
     ]:
         o, s = wrapped(*args)
@@ -86,9 +88,9 @@ def test_single_step_without_grad_leaves_the_callers_state_alone(make_inputs):
     alpha = make_alpha(B=2, H=2, T=1)
     before = state.clone()
     with torch.no_grad():
-        o, s = cuda_delta(FakeExtension, q, k, v, beta, state)
-        o_sum, s_sum = cuda_sum(FakeExtension, q, k, v, state)
-        o_gated, s_gated = cuda_gated_delta(FakeExtension, q, k, v, beta, alpha, state)
+        o, s = cuda_causal(FakeExtension, "delta", q, k, v, beta, state)
+        o_sum, s_sum = cuda_causal(FakeExtension, "sum", q, k, v, state)
+        o_gated, s_gated = cuda_causal(FakeExtension, "gated_delta", q, k, v, beta, alpha, state)
     torch.testing.assert_close((o, s), naive_delta(q, k, v, beta, before, True))
     torch.testing.assert_close((o_sum, s_sum), naive_sum(q, k, v, before, True))
     torch.testing.assert_close((o_gated, s_gated), naive_gated_delta(q, k, v, beta, alpha, before, True))

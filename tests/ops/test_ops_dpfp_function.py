@@ -9,9 +9,11 @@ import shutil
 import pytest
 import torch
 
-from fw_fairseq.ops import dpfp, dpfp_function, feature_map
-from fw_fairseq.ops.feature_maps import PHI_NORMS
-from fw_fairseq.ops.dpfp_function import DpfpFunction
+from fw_fairseq.decoding.key_cache import key_cache
+from fw_fairseq.ops import dpfp, feature_map
+from fw_fairseq.ops.maps import dpfp_function
+from fw_fairseq.ops.maps.normalize_function import PHI_NORMS
+from fw_fairseq.ops.maps.dpfp_function import DpfpFunction
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +25,7 @@ def form(cpu_form):
 def test_the_kernel_is_built_where_a_compiler_is():
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler: the install skips the optional CPU extension")
-    assert importlib.util.find_spec("fw_fairseq._cpu") is not None, "cpu/ was not built (make setup)"
+    assert importlib.util.find_spec("fw_fairseq._cpu") is not None, "csrc/cpu/ was not built (make setup)"
 
 
 def _grads(fn, x, upstream):
@@ -122,14 +124,15 @@ def test_the_map_scores_its_cached_keys_with_gradients_through_the_features():
     phi = feature_map("dpfp", 4, nu=2)
     keys = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
     q = torch.randn(2, 3, 2, 16, dtype=torch.float64, requires_grad=True)
-    assert phi.cache_width == 4 and phi.cache_row(keys, None) is keys
-    got = phi.cached_scores(q, keys)
+    cache = key_cache(phi)
+    assert cache.width == 4 and cache.row(keys, None) is keys
+    got = cache.scores(q, keys)
     expected = q @ dpfp(keys, 2).transpose(-1, -2)
     upstream = torch.randn_like(expected)
     for a, b in zip(torch.autograd.grad(got, (q, keys), upstream), torch.autograd.grad(expected, (q, keys), upstream)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
-        torch.testing.assert_close(phi.cached_scores(q, keys), expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(cache.scores(q, keys), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["sum", "l2"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import elu_plus_one, fast_weight_attend, fast_weight_read, fast_weight_sum, fast_weight_write
-from fw_fairseq.ops.naive import quadratic_sum
+from fw_fairseq.ops.rules.sum.naive import quadratic_sum
 from public_ops import OP_IDS, PUBLIC_OPS
 
 RESULT_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32,

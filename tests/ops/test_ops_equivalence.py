@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from fw_fairseq.ops import fast_weight_delta, fast_weight_sum
-from fw_fairseq.ops.naive import naive_delta, naive_sum, quadratic_sum
+from fw_fairseq.ops.rules.delta.naive import naive_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum, quadratic_sum
 from rule_runner import SCALARS, make_alpha, run_rule
 
 # (B, H, T, E, M, chunk): T not a multiple of the chunk, T = 1, T a multiple, T < chunk, chunk 1

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from fw_fairseq.ops import FavorPlus
-from fw_fairseq.ops.favor_function import FavorFunction
-from fw_fairseq.ops.favor_function import favor_plus
+from fw_fairseq.ops.maps.favor_function import FavorFunction
+from fw_fairseq.ops.maps.favor_function import favor_plus
 
 
 def _grads(fn, x, upstream):

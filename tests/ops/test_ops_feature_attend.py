@@ -1,4 +1,4 @@
-"""short_read (a short sequence's read from raw heads, on cpu/feature_attend.cpp) against the plain compositions it
+"""cpu_short_read (a short sequence's read from raw heads, on csrc/cpu/feature_attend.cpp and delta_attend.cpp) against the plain compositions it
 replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog, FAVOR+). The sum rule: divide_by_z of
 (phi(q) phi(k)^T) [v; 1] (tril where causal), with padded keys' value rows zeroed; the causal delta rule:
 fast_weight_delta of normalised features, with padded positions at beta = 0. Outputs and gradients of every input in
@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from fw_fairseq.ops import (FEATURE_MAPS, PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one,
-                            fast_weight_attend, fast_weight_delta, feature_attend, feature_map)
-from fw_fairseq.ops.chunked import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
-from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
-from fw_fairseq.ops.favor_function import favor_plus, orthogonal_gaussian
-from fw_fairseq.ops.read_order import short_order
-from fw_fairseq.ops.rules import RULES
+                            fast_weight_attend, fast_weight_delta, feature_map)
+from fw_fairseq.ops.kernels import cpu_extension
+from fw_fairseq.ops.rules import raw_read
+from fw_fairseq.ops.common.chunking import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.maps.favor_function import favor_plus, orthogonal_gaussian
+from fw_fairseq.ops.common.read_order import short_order
+from fw_fairseq.ops.rules.registry import RULES
 
 
 def favor_features(nu):
@@ -49,12 +51,12 @@ def products(request, monkeypatch):
         pytest.skip("fw_fairseq._cpu is not built")
     if request.param and not cpu_kernel(torch.zeros(1)).feature_attend_blas():
         pytest.skip("the loaded torch exports no BLAS")
-    monkeypatch.setattr(feature_attend, "BLAS", request.param)
+    monkeypatch.setattr(cpu_extension, "BLAS", request.param)
 
 
 def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
     d = q.shape[-1]
-    return feature_attend.short_read(name, nu, width(name, d, nu), RULES[rule], q, k, v, scalars, causal, norm, pad,
+    return raw_read.cpu_short_read(name, nu, width(name, d, nu), RULES[rule], q, k, v, scalars, causal, norm, pad,
                                      projection(name, d, nu))
 
 
@@ -178,11 +180,11 @@ def test_where_it_does_not_run_it_says_none(case):
 
 
 def test_every_map_offers_its_row_form():
-    """FeatureMap.short_read of each map: the kernel's read with the map's own nu or R (FAVOR+'s float32 buffer)."""
+    """raw_read.short_read of each map: the kernel's read with the map's own nu or R (FAVOR+'s float32 buffer)."""
     q, k, v = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=5))
     for name in FEATURE_MAPS:
         phi = feature_map(name, 4, nu=2, m=3)
-        ours = phi.short_read("sum", q, k, v, (), None, False, None)
+        ours = raw_read.short_read(phi, RULES["sum"], q, k, v, (), None, False, None)
         features = [phi(x, query) for x, query in ((q, True), (k, False))]
         u = append_z_column(v)
         torch.testing.assert_close(ours, divide_by_z(features[0] @ features[1].transpose(-1, -2) @ u), rtol=1e-10,

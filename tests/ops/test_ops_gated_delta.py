@@ -6,7 +6,8 @@ import torch
 
 from fw_fairseq.ops import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_read
 from fw_fairseq.ops import fast_weight_write
-from fw_fairseq.ops.naive import naive_gated_delta, naive_noncausal
+from fw_fairseq.ops.rules.delta.naive import naive_gated_delta
+from rule_runner import noncausal_reference as naive_noncausal
 from rule_runner import make_alpha
 
 

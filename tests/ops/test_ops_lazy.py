@@ -1,24 +1,29 @@
-"""The lazy decoding state (fw_fairseq/modules/decoder_state.py) is the same function as naive.py:
+"""The lazy decoding state (fw_fairseq/decoding/decoder_state.py) is the same function as naive.py:
 steps from the cached writes give the naive loop's outputs (and gradients), and folding the cache
 gives its state, so decoding can continue with the fixed-size step (float64)."""
 import pytest
 import torch
 
-from fw_fairseq.modules.cache_storage import append, reorder
-from fw_fairseq.modules.decoder_state import fits, fold, lazy_step
-from fw_fairseq.ops import append_z_column
-from fw_fairseq.ops.naive import naive_delta, naive_gated_delta, naive_sum
-from fw_fairseq.ops.step import step_gated_delta, step_sum
+from fw_fairseq.decoding.cache_storage import append, reorder
+from fw_fairseq.decoding.backend import backend
+from fw_fairseq.decoding.block import Block
+from fw_fairseq.decoding.decoder_state import fits, fold, lazy_step
+from fw_fairseq.decoding.key_cache import key_cache
+from fw_fairseq.ops import RULES, append_z_column
+from fw_fairseq.ops.rules.delta.naive import naive_delta, naive_gated_delta
+from fw_fairseq.ops.rules.sum.naive import naive_sum
+from fw_fairseq.ops.rules.delta.step import step_gated_delta
+from fw_fairseq.ops.rules.sum.step import step_sum
 from rule_runner import make_alpha
 
 
-def lazy_run(q, k, v, beta=None, alpha=None):
-    """Every position through lazy_step: (o [B, H, T, M], writes, decay)."""
+def lazy_run(rule, q, k, v, *scalars):
+    """Every position of `rule` (an UpdateRule) through lazy_step: (o [B, H, T, M], writes, decay)."""
     outputs, phi_keys, writes, decay = [], None, None, None
     for t in range(q.shape[2]):
-        scalars = [None if x is None else x[:, :, t: t + 1] for x in (beta, alpha)]
+        step_scalars = [x[:, :, t: t + 1] for x in scalars]
         row = [x[:, :, t: t + 1] for x in (q, k, v)]  # [B, H, 1, E | M]
-        o, phi_keys, writes, decay = lazy_step(*row, phi_keys, writes, decay, *scalars)
+        o, phi_keys, writes, decay = lazy_step(rule, *row, phi_keys, writes, decay, *step_scalars)
         outputs.append(o)
     torch.testing.assert_close(phi_keys, k, rtol=0, atol=0)
     return torch.cat(outputs, dim=2), writes, decay
@@ -36,7 +41,7 @@ def test_lazy_steps_and_fold_match_naive(make_inputs, rule):
         args, naive_args = (v, beta, alpha), (v, beta, alpha)
     naive = {"sum": naive_sum, "delta": naive_delta, "gated_delta": naive_gated_delta}[rule]
     o_ref, s_ref = naive(q, k, *naive_args, output_final_state=True)
-    o, writes, decay = lazy_run(q, k, *args)
+    o, writes, decay = lazy_run(RULES[rule], q, k, *args)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(fold(k, writes, decay), s_ref, rtol=1e-12, atol=1e-12)
     assert (decay is None) == (rule != "gated_delta")
@@ -65,7 +70,7 @@ def test_lazy_steps_without_autograd_write_in_place_and_match_naive(make_inputs,
                     if x is not None:
                         cache[i], spares[i] = reorder(x, orders[t], spares[i])
             step = [x[rows, :, t: t + 1] for x in (q, k, v, *scalars)]
-            o, *cache = lazy_step(*step[:3], *cache, *step[3:])
+            o, *cache = lazy_step(RULES[rule], *step[:3], *cache, *step[3:])
             outputs.append((o, rows))
     o_ref, s_ref = naive(q[rows], k[rows], *(x[rows] for x in (v, *scalars)), output_final_state=True)
     # every hypothesis follows one row of the inputs (reorders only repeat rows' histories)
@@ -99,8 +104,8 @@ def test_folded_state_continues_with_the_fixed_size_step(make_inputs, rule):
         o_ref, _ = naive_sum(q, k, v)
     else:
         o_ref, _ = naive_gated_delta(q, k, v, beta, alpha)
-    head = [None if x is None else x[:, :, :5] for x in (beta, alpha)]
-    o_head, writes, decay = lazy_run(q[:, :, :5], k[:, :, :5], v[:, :, :5], *head)
+    head = [x[:, :, :5] for x in (beta, alpha) if x is not None]
+    o_head, writes, decay = lazy_run(RULES[rule], q[:, :, :5], k[:, :, :5], v[:, :, :5], *head)
     state, tail = fold(k[:, :, :5], writes, decay), []
     for t in range(5, 8):
         row = [x[:, :, t: t + 1] for x in (q, k, v)]
@@ -124,9 +129,9 @@ def test_fits_compares_the_values_read_with_the_state():
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 @pytest.mark.parametrize("name,d", [("dpfp", 3), ("elu", 10)])
 def test_the_maps_cache_matches_the_feature_cache(name, d, rule, norm, cpu_form):
-    """A map's lazy cache in generation, stepped by its kernel (FeatureMap.cached_step) or in PyTorch ops,
-    steps like the cache of the normalised features read by plain ops (phi None): outputs and folded state
-    (float64, in place, with a reorder, which the map's cache leaves to the step: `gather`). DPFP keeps the
+    """A map's lazy cache in generation, stepped by the kernel backend (backend.py) or in PyTorch ops,
+    steps like the cache of the normalised features read by plain ops (the default cache, FEATURES): outputs and
+    folded state (float64, in place, with a reorder, which the map's cache leaves to the step: `gather`). DPFP keeps the
     raw keys with the writes scaled by the keys' normalisation; ELU+1 keeps the features (E = 10: a vector
     of lanes and a tail)."""
     from fw_fairseq.ops import feature_map, phi_scale
@@ -141,8 +146,10 @@ def test_the_maps_cache_matches_the_feature_cache(name, d, rule, norm, cpu_form)
     q = phi(torch.randn(3, 2, 6, d, generator=g, dtype=torch.float64), is_query=True)
     v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64)
     beta, alpha = (torch.rand(3, 2, 6, generator=g, dtype=torch.float64) for _ in range(2))
-    scalars = {"sum": (None, None), "delta": (beta, None), "gated_delta": (beta, alpha)}[rule]
+    scalars = {"sum": (), "delta": (beta,), "gated_delta": (beta, alpha)}[rule]
+    cache = key_cache(phi)
     with torch.no_grad():
+        steps = backend(Block.of(RULES[rule], phi, norm), q)  # the kernels, unless cpu_form took them away
         ours, ref, spares, gather = [None] * 3, [None] * 3, [None] * 3, None
         for t in range(6):
             if t == 3:  # beam search's reorder: applied to the feature cache, left to the raw-key one's step
@@ -156,11 +163,12 @@ def test_the_maps_cache_matches_the_feature_cache(name, d, rule, norm, cpu_form)
                 gather = (order, *(torch.full((3, 2, 8, x.size(-1)), float("nan"), dtype=x.dtype)[:, :, :t]
                                    for x in ours[:2]))
                 q, k, v, raw, scale, *_ = (x[order] for x in (q, k, v, raw, scale))
-                scalars = tuple(None if x is None else x[order] for x in scalars)
-            step = [None if x is None else x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
+                scalars = tuple(x[order] for x in scalars)
+            step = [x[:, :, t: t + 1] for x in (q, k, v, *scalars)]
             key = raw[:, :, t: t + 1] if name == "dpfp" else None  # [B, H, 1, d]; None: phi_k itself
-            o, *ours = lazy_step(*step[:3], *ours, *step[3:], phi=phi, key=key, norm=norm, gather=gather)
+            o, *ours = lazy_step(RULES[rule], *step[:3], *ours, *step[3:], cache=cache, key=key, norm=norm,
+                                 gather=gather, backend=steps)
             gather = None
-            o_ref, *ref = lazy_step(*step[:3], *ref, *step[3:])
+            o_ref, *ref = lazy_step(RULES[rule], *step[:3], *ref, *step[3:])
             torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12, msg=lambda m: f"step {t}: {m}")
-        torch.testing.assert_close(fold(*ours, phi=phi), fold(*ref), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(fold(*ours, cache), fold(*ref), rtol=1e-12, atol=1e-12)

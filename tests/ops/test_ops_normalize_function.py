@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import l2_normalize, sum_normalize
-from fw_fairseq.ops.normalize_function import NormalizeFunction, norm_of
+from fw_fairseq.ops.maps.normalize_function import NormalizeFunction, norm_of
 
 NORMS = {"sum": sum_normalize, "l2": l2_normalize}
 EPS = 1e-6

@@ -1,10 +1,10 @@
-"""The rule table (fw_fairseq/ops/rules.py): what each record promises its readers (the attention
+"""The rule table (fw_fairseq/ops/rules/record.py): what each record promises its readers (the attention
 module, the synthetic task, the dispatch) holds for the ops it names."""
 import pytest
 import torch
 
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z
-from fw_fairseq.ops.z_column import Z_EPS
+from fw_fairseq.ops.common.z_column import Z_EPS
 from rule_runner import make_alpha
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from fw_fairseq.ops.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
 
 
 @pytest.mark.skipif(cpu_kernel(torch.zeros(1)) is None, reason="fw_fairseq._cpu is not built")

@@ -29,7 +29,7 @@ def tar_gz(path, files):
 def make_kit(tmp_path, step, archive_files, **entry):
     """A checkout with extension sources, a site, and a kit whose MANIFEST records `step`'s archive."""
     repo, site, kit = tmp_path / "repo", tmp_path / "site", tmp_path / "kit"
-    for name, text in {"cuda/rows.cu": "kernel", "cpu/dpfp.cpp": "rows", "setup.py": "setup()",
+    for name, text in {"csrc/cuda/rows.cu": "kernel", "csrc/cpu/dpfp.cpp": "rows", "setup.py": "setup()",
                        "fw_fairseq/__init__.py": ""}.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         (repo / name).write_text(text)

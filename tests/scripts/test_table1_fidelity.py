@@ -15,7 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 
 from conftest import REPO
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
-from fw_fairseq.ops.feature_maps import Dpfp, EluPlusOne, FavorPlus
+from fw_fairseq.ops.maps.feature_maps import Dpfp, EluPlusOne, FavorPlus
 from test_configs import CONFIGS, recipe
 
 # Schlag, Irie & Schmidhuber (2021), Table 1 and Appendix E, per config: (map class, its size, rule of the

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import dpfp, fast_weight_write, sum_normalize
-from fw_fairseq.ops.naive import naive_gated_delta
+from fw_fairseq.ops.rules.delta.naive import naive_gated_delta
 from fw_fairseq.synthetic import RetrievalMemory, TrainConfig, schlag_write, train, training_batch
 
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..cpu_extension import KERNEL_MAPS
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
 
 MAX_T = 256  # the longest sequence a fused read takes; longer ones chunk through the rule's state
 MAX_E = 512  # the widest phi (DPFP-2 of d = 128, DPFP-4 of d = 64, FAVOR+ m = 256)

@@ -1,5 +1,5 @@
-"""phi of a tile of raw rows, formed in registers, for the fused reads' Triton kernels (sum_kernels.py,
-delta_kernels.py): the same functions as feature_maps.py's maps, one chunk of feature columns at a time, so that no
+"""phi of a tile of raw rows, formed in registers, for the fused reads' Triton kernels (rules/sum/fused_kernels.py,
+rules/delta/fused_kernels.py): the same functions as feature_maps.py's maps, one chunk of feature columns at a time, so that no
 [B, H, T, E] tensor is ever written.
 
 A map is a code (MAP, cpu_extension.KERNEL_MAPS' numbering) and its numbers: d (the head's width), nu (DPFP's),
@@ -23,7 +23,7 @@ A column's source entries, per map:
 import triton
 import triton.language as tl
 
-from ..cpu_extension import KERNEL_MAPS
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
 
 # the maps' codes, as the kernels take them (MAP): constexpr, the only globals a compiled kernel may read
 DPFP, ELU, HEDGEHOG, FAVOR = (tl.constexpr(KERNEL_MAPS[name]) for name in ("dpfp", "elu", "hedgehog", "favor"))

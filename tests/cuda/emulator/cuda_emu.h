@@ -1,4 +1,4 @@
-// Just enough of CUDA to run the kernel headers of cuda/ on the CPU, for tests on machines without
+// Just enough of CUDA to run the kernel headers of csrc/cuda/ on the CPU, for tests on machines without
 // a GPU: every CUDA thread is a std::thread, blocks run one after another, a warp shuffle is a
 // store, a barrier among the warp's threads, a load and a second barrier, and __syncthreads is a
 // barrier among the block's threads. Slow, but it executes the kernels' own indexing, masking and

@@ -1,5 +1,5 @@
-// C entry points (for ctypes) that run the kernel headers of cuda/ under cuda_emu.h in float64
-// (scalar_t emu::Scalar, acc_t double), with the launch geometry the launchers in cuda/*.cu use.
+// C entry points (for ctypes) that run the kernel headers of csrc/cuda/ under cuda_emu.h in float64
+// (scalar_t emu::Scalar, acc_t double), with the launch geometry the launchers in csrc/cuda/*.cu use.
 // Returns kOk or one of the errors below.
 #include <cstring>
 #include <type_traits>

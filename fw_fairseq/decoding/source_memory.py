@@ -1,0 +1,96 @@
+"""Beam search over a cached source memory: one memory row per sentence, not per hypothesis.
+
+fairseq's generator lays hypotheses out as [sentence, beam] on the batch dim. The source (and so
+its fast-weight memory) is the same for a sentence's beams, so cross-attention writes it once per
+sentence and keeps a hypothesis -> row map (`rows` [B]) beside it; these functions build, read and
+reorder that pair. Queries are head-first [B, H, T, E].
+
+The cached source takes one of two forms, whichever a step reads fewer values of (`source_fits`):
+- the memory W [rows, H, E, M] (M = D, or D + 1 with the sum rule's z column), o = phi(q) W;
+- short sources: the keys' features and the effective writes side by side, [rows, H, S, E + M],
+  o = (phi(q) phi(K)^T) U, the same function since W = sum_s phi(k_s)^T u_s, with U the rule's effective
+  writes over the whole source (UpdateRule.writes: the sum rule's values, the delta rules' u_s of the
+  sequential writes). Padded positions have zero value rows and their scalars at the rule's pad values:
+  u_s = 0, they write nothing in either form. A rule without that form keeps the memory.
+The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
+Rows are dim 0 of both forms, so the beam functions below serve both unchanged.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from fw_fairseq.ops import fast_weight_read
+
+
+def source_fits(length: int, d_phi: int, width: int) -> bool:
+    """Whether a step over `length` source positions, reading length (d_phi + width) values per
+    head, reads fewer than the [d_phi, width] memory."""
+    return length * (d_phi + width) < d_phi * width
+
+
+def write_source(rule, phi_k: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:
+    """The cached source of `rule` (an UpdateRule): the cache [B, H, S, E + M] when it reads fewer values than the
+    memory and the rule has its effective writes, else the memory [B, H, E, M] (rule.write)."""
+    if rule.writes is not None and source_fits(phi_k.size(2), phi_k.size(-1), v.size(-1)):
+        return torch.cat([phi_k, rule.writes(phi_k, v, *scalars)], dim=-1)
+    return rule.write(phi_k, v, *scalars)
+
+
+def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
+    """phi_q [R, H, T, E] reads a cached source of either form -> [R, H, T, M]."""
+    d_phi = phi_q.size(-1)
+    if source.size(2) >= d_phi:
+        return fast_weight_read(phi_q, source)
+    phi_k, u = source.split([d_phi, source.size(-1) - d_phi], dim=-1)  # [R, H, S, E], [R, H, S, M]
+    dtype = torch.promote_types(phi_q.dtype, source.dtype)
+    return (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) @ u  # [R, H, T, S] @ [R, H, S, M]
+
+
+def source_beam(key: Tensor, key_padding_mask: Optional[Tensor], beam: int) -> int:
+    """`beam` if the source rows key [S, B, C] really repeat in groups of it, else 1.
+
+    fairseq announces only beam sizes above 1, so after a beam-4 generator a beam-1 one (fairseq's
+    hub interface) still announces 4: sharing must not rest on the claim."""
+    if beam == 1 or key.size(1) % beam:
+        return 1
+    grouped = key.reshape(key.size(0), -1, beam, key.size(2))  # [S, B / beam, beam, C]
+    same = torch.equal(grouped, grouped[:, :, :1].expand_as(grouped))
+    if same and key_padding_mask is not None:
+        masks = key_padding_mask.reshape(-1, beam, key_padding_mask.size(1))  # [B / beam, beam, S]
+        same = torch.equal(masks, masks[:, :1].expand_as(masks))
+    return beam if same else 1
+
+
+def hypothesis_rows(memory: Tensor, beam: int) -> Tensor:
+    """The row map of a memory written once per sentence: [0]*beam + [1]*beam + ... [B]."""
+    return torch.arange(memory.size(0), device=memory.device).repeat_interleave(beam)
+
+
+def read_per_sentence(read, phi_q: Tensor, memory: Tensor) -> Tensor:
+    """Every hypothesis reads its sentence's row: read(q, memory) over phi_q [B, H, T, E] and
+    memory [B / beam, H, ...] (either form) -> [B, H, T, D], one read per sentence for all its beams."""
+    sentences, beam = memory.shape[0], phi_q.shape[0] // memory.shape[0]
+    if beam == 1:
+        return read(phi_q, memory)
+    bsz, heads, length, width = phi_q.shape
+    # [B, H, T, E] -> [B/beam, beam, H, T, E] -> [B/beam, H, beam*T, E]
+    q = phi_q.view(sentences, beam, heads, length, width).transpose(1, 2)
+    o = read(q.reshape(sentences, heads, beam * length, width), memory)  # [B/beam, H, beam*T, D]
+    o = o.view(sentences, heads, beam, length, -1).transpose(1, 2)  # [B/beam, beam, H, T, D]
+    return o.reshape(bsz, heads, length, -1)
+
+
+def regroup(memory: Tensor, rows: Tensor, beam: int) -> Tuple[Tensor, Tensor]:
+    """memory [R, H, ...] (either form) and the reordered hypothesis -> row map `rows` [B] -> a memory whose
+    row i serves hypotheses i*beam .. (i+1)*beam-1, and its row map. The memory is copied only
+    when groups leave or move; when a group's hypotheses point at different rows (an order that
+    mixes sentences' beams), every hypothesis gets its own copy of its row."""
+    if rows.numel() % beam == 0:
+        groups = rows.view(-1, beam)  # [B / beam, beam]
+        if torch.equal(groups, groups[:, :1].expand_as(groups)):
+            heads = groups[:, 0]
+            if not torch.equal(heads, torch.arange(memory.size(0), device=heads.device)):
+                memory = memory.index_select(0, heads)  # sentences left (or moved)
+            return memory, hypothesis_rows(memory, beam)
+    return memory.index_select(0, rows), torch.arange(rows.numel(), device=rows.device)

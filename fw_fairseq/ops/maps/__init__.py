@@ -1,0 +1,1 @@
+"""The feature maps phi (paper §5) and the normalisations of phi."""
