@@ -98,6 +98,31 @@ def generate(root: Path, checkpoint: Path, length: int, beam: int, batch: int, s
             "peak_rss_mib": peak_mib}
 
 
+def cell(root, checkpoints, model_shapes, beam, length, args, bandwidth):
+    """One (beam, length) cell: every model's fastest run of --repeats (one run past 128 tokens), its floor of
+    bytes per token and the ratio to softmax."""
+    row = {"beam": beam, "length": length}
+    runs = {name: [] for name in checkpoints}
+    short = length <= 128
+    for _ in range(args.repeats if short else 1):
+        for name, checkpoint in checkpoints.items():  # taking turns: a change of load hits all
+            runs[name].append(generate(root, checkpoint, length, beam, args.sentences, "test1" if short else "test"))
+    for name in checkpoints:
+        r = min(runs[name], key=lambda run: run["seconds"])
+        floor = bytes_per_token(model_shapes[name], length, args.sentences, beam, SOURCE_LENGTH)
+        r["floor_mb_per_token"] = floor / 1e6
+        r["fraction_of_floor"] = r["tokens_per_s"] * floor / bandwidth
+        row[name] = r
+    sm = row["softmax"]["tokens_per_s"]
+    for name in MODELS:
+        row[name]["vs_softmax"] = row[name]["tokens_per_s"] / sm
+        print(f"  beam {beam} N={length:5d} {name:13s} {row[name]['tokens_per_s']:8.1f} tok/s "
+              f"{row[name]['vs_softmax']:5.2f}x softmax  floor {row[name]['floor_mb_per_token']:6.1f} "
+              f"MB/token, {row[name]['fraction_of_floor']:.2f} of it  peak "
+              f"{row[name]['peak_rss_mib']:6.0f} MiB", flush=True)
+    return row
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024])
@@ -138,27 +163,7 @@ def main():
         model_shapes = {name: shapes(checkpoint) for name, checkpoint in checkpoints.items()}
         for beam in args.beams:
             for length in args.lengths:
-                row = {"beam": beam, "length": length}
-                runs = {name: [] for name in checkpoints}
-                short = length <= 128
-                for _ in range(args.repeats if short else 1):
-                    for name, checkpoint in checkpoints.items():  # taking turns: a change of load hits all
-                        runs[name].append(generate(root, checkpoint, length, beam, args.sentences,
-                                                   "test1" if short else "test"))
-                for name in checkpoints:
-                    r = min(runs[name], key=lambda run: run["seconds"])
-                    floor = bytes_per_token(model_shapes[name], length, args.sentences, beam, SOURCE_LENGTH)
-                    r["floor_mb_per_token"] = floor / 1e6
-                    r["fraction_of_floor"] = r["tokens_per_s"] * floor / bandwidth
-                    row[name] = r
-                sm = row["softmax"]["tokens_per_s"]
-                for name in MODELS:
-                    row[name]["vs_softmax"] = row[name]["tokens_per_s"] / sm
-                    print(f"  beam {beam} N={length:5d} {name:13s} {row[name]['tokens_per_s']:8.1f} tok/s "
-                          f"{row[name]['vs_softmax']:5.2f}x softmax  floor {row[name]['floor_mb_per_token']:6.1f} "
-                          f"MB/token, {row[name]['fraction_of_floor']:.2f} of it  peak "
-                          f"{row[name]['peak_rss_mib']:6.0f} MiB", flush=True)
-                results.append(row)
+                results.append(cell(root, checkpoints, model_shapes, beam, length, args, bandwidth))
 
     meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "sentences": args.sentences,
             "batches_up_to_128_tokens": args.batches,

@@ -252,7 +252,7 @@ def training_table(records, rule, dtype):
     return "\n".join(lines)
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="defaults for the options not given: N=256, T in {64, 256, 2048}, E in {64, 256}")
@@ -275,6 +275,26 @@ def main():
     for name, default in grid.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
+    return args
+
+
+def report(training, decoding, bandwidth, dtypes):
+    """The training tables per rule and dtype, and the decoding steps against their floor."""
+    for dtype in dtypes:
+        for rule in ("sum", "delta"):
+            print(training_table(training, rule, dtype))
+    print(f"\ndecoding step, float32 state, M = {D + 1}; floor = state read + write at {bandwidth:.0f} GB/s (copy)")
+    print(f"{'rule':>5} {'impl':>5} {'N':>5} {'E':>4} {'us/token':>9} {'floor us':>9} {'of floor':>8}")
+    for r in decoding:
+        if "step_us" in r:
+            print(f"{r['rule']:>5} {r['impl']:>5} {r['N']:>5} {r['E']:>4} {r['step_us']:9.1f} "
+                  f"{r['floor_us']:9.1f} {r['floor_fraction']:8.2f}")
+        else:
+            print(f"{r['rule']:>5} {r['impl']:>5} {r['N']:>5} {r['E']:>4} {r['skipped']}")
+
+
+def main():
+    args = parse_args()
     device = torch.cuda.get_device_name()
     timer = Timer(args.budget_ms, max_reps=10 if args.quick else 30)
     slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
@@ -308,17 +328,7 @@ def main():
                             training.append(bench_training(timer, rule, method, N, T, E, DTYPES[dtype]))
                             print(json.dumps(training[-1]), flush=True)
                             save()
-    for dtype in args.dtype:
-        for rule in ("sum", "delta"):
-            print(training_table(training, rule, dtype))
-    print(f"\ndecoding step, float32 state, M = {D + 1}; floor = state read + write at {bandwidth:.0f} GB/s (copy)")
-    print(f"{'rule':>5} {'impl':>5} {'N':>5} {'E':>4} {'us/token':>9} {'floor us':>9} {'of floor':>8}")
-    for r in decoding:
-        if "step_us" in r:
-            print(f"{r['rule']:>5} {r['impl']:>5} {r['N']:>5} {r['E']:>4} {r['step_us']:9.1f} "
-                  f"{r['floor_us']:9.1f} {r['floor_fraction']:8.2f}")
-        else:
-            print(f"{r['rule']:>5} {r['impl']:>5} {r['N']:>5} {r['E']:>4} {r['skipped']}")
+    report(training, decoding, bandwidth, args.dtype)
     print(f"\nwrote {out}")
 
 

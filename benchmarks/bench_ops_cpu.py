@@ -167,6 +167,27 @@ def target_lines(rows):
     return lines
 
 
+def measure_row(threads, rule, T, args, thread_counts, memory):
+    """One row: the naive and chunked forms' times of `rule` at length T and, with the first thread count, their
+    peak memory (it does not depend on the thread count; kept in `memory`)."""
+    t = time_config(rule, T, args)
+    naive = t.get("naive", {})
+    # peak memory does not depend on the thread count: measured once, with the first
+    if threads == thread_counts[0]:
+        memory[rule, T] = {impl: None if args.no_memory or impl not in t
+                           else measure_memory(rule, impl, T, threads, args)
+                           for impl in ("naive", "chunked")}
+    mem = memory[rule, T] if threads == thread_counts[0] else {"naive": None, "chunked": None}
+    row = {"threads": threads, "rule": rule, "T": T,
+           "naive_fwd_ms": naive.get("fwd"), "chunked_fwd_ms": t["chunked"]["fwd"],
+           "naive_fwd_bwd_ms": naive.get("fwd_bwd"), "chunked_fwd_bwd_ms": t["chunked"]["fwd_bwd"],
+           "naive_peak_mib": mem["naive"], "chunked_peak_mib": mem["chunked"]}
+    row["fwd_speedup"] = ratio(row["naive_fwd_ms"], row["chunked_fwd_ms"])
+    row["fwd_bwd_speedup"] = ratio(row["naive_fwd_bwd_ms"], row["chunked_fwd_bwd_ms"])
+    row["memory_ratio"] = ratio(row["naive_peak_mib"], row["chunked_peak_mib"])
+    return row
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="T in {128, 512}, 2 repeats")
@@ -196,21 +217,7 @@ def main():
         torch.set_num_threads(threads)
         for rule in ("sum", "delta"):
             for T in args.lengths:
-                t = time_config(rule, T, args)
-                naive = t.get("naive", {})
-                # peak memory does not depend on the thread count: measured once, with the first
-                if threads == thread_counts[0]:
-                    memory[rule, T] = {impl: None if args.no_memory or impl not in t
-                                       else measure_memory(rule, impl, T, threads, args)
-                                       for impl in ("naive", "chunked")}
-                mem = memory[rule, T] if threads == thread_counts[0] else {"naive": None, "chunked": None}
-                row = {"threads": threads, "rule": rule, "T": T,
-                       "naive_fwd_ms": naive.get("fwd"), "chunked_fwd_ms": t["chunked"]["fwd"],
-                       "naive_fwd_bwd_ms": naive.get("fwd_bwd"), "chunked_fwd_bwd_ms": t["chunked"]["fwd_bwd"],
-                       "naive_peak_mib": mem["naive"], "chunked_peak_mib": mem["chunked"]}
-                row["fwd_speedup"] = ratio(row["naive_fwd_ms"], row["chunked_fwd_ms"])
-                row["fwd_bwd_speedup"] = ratio(row["naive_fwd_bwd_ms"], row["chunked_fwd_bwd_ms"])
-                row["memory_ratio"] = ratio(row["naive_peak_mib"], row["chunked_peak_mib"])
+                row = measure_row(threads, rule, T, args, thread_counts, memory)
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
 

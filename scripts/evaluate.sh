@@ -49,7 +49,7 @@ device_args=()
 [[ $(python -c 'import torch; print(torch.cuda.is_available())') == True ]] && device_args=(--fp16)
 
 # --user-dir even for a standard Transformer: the plugin is what lets torch >= 2.6 load
-# fairseq checkpoints (DESIGN.md section 5).
+# fairseq checkpoints (README.md, "Checkpoints").
 fairseq-generate "$DATA_BIN" --user-dir "$REPO/fw_fairseq" --path "$checkpoint" \
   --gen-subset "$subset" "${GENERATE_ARGS[@]}" --remove-bpe "$remove_bpe" \
   "${device_args[@]}" "${extra[@]}" >"$stem.gen.txt"

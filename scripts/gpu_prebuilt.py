@@ -1,7 +1,7 @@
 """Builds made here for the GPU node and carried in the kit, so that its check spends device time on checks.
 
 The node's three builds (gpu_check.py's build_extension, build_fairseq, build_fast_transformers) took 346 of
-the 790 seconds of an H200 run of the check (results/gpu_h200_2026-11-26_s18). They need no GPU: a
+the 760 seconds of the check's steps on an H200 (benchmarks/results/gpu_h200_2026-11-26). They need no GPU: a
 CUDA build of the node's torch (scripts/gpu_node.txt; PyPI's torch 2.11.0 is the node's 2.11.0+cu130), the
 same CUDA 13.0 nvcc, CPython 3.12 and the GPU's architecture (Hopper: 9.0a) are enough, and this machine has
 all four. So `make gpu-kit` (scripts/gpu_kit.py) runs build(): in a CPython 3.12 virtual environment

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-MEASURED = REPO / "benchmarks/results/gpu_h200_2026-11-26_s18/fairseq/bench_fairseq.json"
+MEASURED = REPO / "benchmarks/results/gpu_h200_2026-11-26/fairseq/bench_fairseq.json"
 EPOCHS = 45  # configs/wmt14_en_de/common.sh --max-epoch
 ASSUMED_TOKENS = 4.5e6 * 31
 # each row's configuration in MEASURED and how it differs: the same model, or a stand-in (E, the rule or the blocks

@@ -4,6 +4,9 @@
   computes (a uint8 buffer of JSON). A checkpoint trained with DPFP-1 loads without complaint
   into an ELU model (the parameters have the same shapes), and softmax and fast-weight blocks
   share parameter names; so loading compares the records and refuses a difference.
+- A model converted from a softmax checkpoint (scripts/convert_softmax.py) carries one more entry in the
+  record, CONVERTED ("transformer_vaswani_wmt_en_de_big (teacher.pt)"): not a flag, so never compared; loading
+  keeps it in the model's record, so that every checkpoint trained from the conversion says where it came from.
 - fairseq-fixed reads checkpoints with torch.load and shows torch's message on failure, which
   for a damaged file says to re-run with weights_only=False; the loader is wrapped so that a
   damaged file is named as such in one line.
@@ -16,7 +19,7 @@ import logging
 import pickle
 import re
 import traceback
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -29,6 +32,7 @@ from fw_fairseq.modules.flag_table import BY_NAME
 logger = logging.getLogger(__name__)
 
 RECORD = "fw_settings"
+CONVERTED = "converted-from"  # the record's entry naming a converted model's softmax teacher: "ARCH (FILE)"
 # State-dict entries that are not weights: copied from the newest model, never averaged.
 NOT_AVERAGED = re.compile(rf"(^|\.)favor\.projection$|^{RECORD}$")
 
@@ -54,11 +58,17 @@ def differences(found: Dict[str, str], wanted: Dict[str, str]) -> str:
 class RecordsFastWeightSettings:
     """Mixed into the plugin's fairseq models (before the fairseq base class)."""
 
-    def record_fast_weight_settings(self, config: FastWeightConfig):
-        self.register_buffer(RECORD, encode(config.settings()))
+    def record_fast_weight_settings(self, config: FastWeightConfig, converted_from: Optional[str] = None):
+        """The record of `config`'s flags, and of the softmax model it was converted from where it was."""
+        extra = {} if converted_from is None else {CONVERTED: converted_from}
+        self.register_buffer(RECORD, encode({**config.settings(), **extra}))
+
+    def converted_from(self) -> Optional[str]:
+        """"ARCH (FILE)" of the softmax checkpoint this model was converted from, None where it was not."""
+        return decode(getattr(self, RECORD)).get(CONVERTED)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        wanted = decode(getattr(self, RECORD))
+        wanted = {flag: value for flag, value in decode(getattr(self, RECORD)).items() if flag != CONVERTED}
         stored = state_dict.get(RECORD)
         if stored is None:
             logger.warning("the checkpoint predates the record of its --fw-* settings; "
@@ -75,6 +85,9 @@ class RecordsFastWeightSettings:
                 source = getattr(stored, "fw_source", "the checkpoint")
                 raise cli_error(f"{source} was trained with {found} (its weights fit only "
                                 f"that attention: load it with the flags it was trained with)")
+            if CONVERTED in record:  # kept, so that the next checkpoint says it too (a buffer of another length)
+                device = getattr(self, RECORD).device
+                self.register_buffer(RECORD, encode({**wanted, CONVERTED: record[CONVERTED]}).to(device))
             # the same settings, perhaps recorded before a flag was (a buffer of another length)
             state_dict[RECORD] = getattr(self, RECORD).clone()
         return super().load_state_dict(state_dict, strict, model_cfg, args)

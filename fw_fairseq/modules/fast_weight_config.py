@@ -72,6 +72,8 @@ class FastWeightConfig:
     favor_redraw: str = "batch"
     output_gate: str = "none"
     encoder_conv: int = 0  # --fw-encoder-conv's width, 0 for none
+    t2r_features: int = 32  # --fw-t2r-features: T2R's K
+    hedgehog_trainable: bool = False  # --fw-hedgehog-trainable
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":

@@ -102,3 +102,13 @@ def parse_encoder_conv(text: str) -> int:
     if width != 0 and (width < 3 or width % 2 == 0):
         raise argparse.ArgumentTypeError(f"--fw-encoder-conv got {text!r}; allowed: 0 (off) or an odd width >= 3")
     return width
+
+
+def parse_switch(flag: str):
+    """A flag that is on given alone or as 1, off as 0 (its absence: the family's default)."""
+    def parse(text: str) -> bool:
+        if text.strip() not in ("0", "1"):
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: 0 or 1 (alone: 1)")
+        return text.strip() == "1"
+
+    return parse

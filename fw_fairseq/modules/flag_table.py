@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable, FrozenSet, Mapping, Optional, Tuple
 
 from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, parse_beta_max, parse_encoder_conv,
-                                                  parse_output_gate, parse_places, parse_rule, positive_int)
+                                                  parse_output_gate, parse_places, parse_rule, parse_switch,
+                                                  positive_int)
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS
 
 FAMILIES = ("translation", "lm")
@@ -60,7 +61,8 @@ _PLACE_WORDS = {"encoder": "encoder self-attention", "decoder": "decoder self-at
 
 FLAGS = (
     Flag("--fw-feature-map", "feature_map", "feature map phi: elu (ELU+1, linear Transformer), dpfp (DPFP-nu, "
-         "d_dot = 2*d_key*nu), favor (FAVOR+, d_dot = 2m) or hedgehog ([softmax(x), softmax(-x)], d_dot = 2*d_key)",
+         "d_dot = 2*d_key*nu), favor (FAVOR+, d_dot = 2m), hedgehog ([softmax(x), softmax(-x)], d_dot = 2*d_key) "
+         "or t2r (relu(W x + b) learned per head, d_dot = --fw-t2r-features; for converted softmax models)",
          dict(choices=FEATURE_MAPS), dict(translation="dpfp", lm="dpfp")),
     Flag("--fw-update-rule", "update_rule", "sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
          "delta: the paper's delta rule with learned beta and normalised phi; gated_delta: the delta rule with a "
@@ -91,6 +93,15 @@ FLAGS = (
     Flag("--fw-favor-features", "favor_features", "FAVOR+ random features m (d_dot = 2m)",
          dict(type=positive_int("--fw-favor-features"), metavar="M"), dict(translation=128, lm=128),
          recorded=lambda blocks: blocks.feature_map == "favor"),
+    # 32 features: T2R's choice for machine translation (Kasai et al. 2021, d_key 64); older args never used t2r
+    Flag("--fw-t2r-features", "t2r_features", "T2R's learned features K per head (d_dot = K)",
+         dict(type=positive_int("--fw-t2r-features"), metavar="K"), dict(translation=32, lm=32), before=32,
+         recorded=lambda blocks: blocks.feature_map == "t2r", unrecorded="32"),
+    Flag("--fw-hedgehog-trainable", "hedgehog_trainable", "hedgehog: a learned per-head d_key x d_key linear layer "
+         "before the softmaxes, the identity at the start (Hedgehog's own map; for converted softmax models)",
+         dict(type=parse_switch("--fw-hedgehog-trainable"), nargs="?", const=True, metavar="{0,1}"),
+         dict(translation=False, lm=False), before=False, recorded=lambda blocks: blocks.feature_map == "hedgehog",
+         unrecorded="0", value=lambda config: str(int(config.hedgehog_trainable))),
     # FAVOR+ with the features drawn at initialisation kept: 0.97x softmax BLEU at 600 updates over three seeds
     # with the encoder's convolution, against 0.74x redrawing them every batch (results/compare_attention/conv)
     Flag("--fw-favor-redraw", "favor_redraw", "FAVOR+'s random features in training: batch draws new ones every "

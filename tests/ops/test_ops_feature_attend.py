@@ -182,7 +182,7 @@ def test_where_it_does_not_run_it_says_none(case):
 def test_every_map_offers_its_row_form():
     """raw_read.short_read of each map: the kernel's read with the map's own nu or R (FAVOR+'s float32 buffer)."""
     q, k, v = (x.detach() for x in inputs(1, 1, 3, 3, 4, 2, seed=5))
-    for name in FEATURE_MAPS:
+    for name in KERNEL_MAPS:  # the maps with a row form in the kernels
         phi = feature_map(name, 4, nu=2, m=3)
         ours = raw_read.short_read(phi, RULES["sum"], q, k, v, (), None, False, None)
         features = [phi(x, query) for x, query in ((q, True), (k, False))]

@@ -6,7 +6,7 @@ import torch
 
 from fw_fairseq.ops import FEATURE_MAPS, FavorPlus, FeatureMap, dpfp, elu_plus_one, feature_map
 
-ARGS = {"elu": {}, "dpfp": {"nu": 3}, "favor": {"m": 16}, "hedgehog": {}}
+ARGS = {"elu": {}, "dpfp": {"nu": 3}, "favor": {"m": 16}, "hedgehog": {}, "t2r": {"heads": 3, "t2r_features": 5}}
 
 
 @pytest.mark.parametrize("name", FEATURE_MAPS)
@@ -18,7 +18,7 @@ def test_every_map_is_called_the_same_way(name, d_key):
     for is_query in (False, True):
         out = phi(x, is_query)
         assert out.shape == (2, 3, 5, phi.out_dim) and (out >= 0).all()
-    expected_width = {"elu": d_key, "dpfp": 2 * d_key * 3, "favor": 2 * 16, "hedgehog": 2 * d_key}[name]
+    expected_width = {"elu": d_key, "dpfp": 2 * d_key * 3, "favor": 2 * 16, "hedgehog": 2 * d_key, "t2r": 5}[name]
     assert phi.out_dim == expected_width
 
 
@@ -36,14 +36,14 @@ def test_maps_compute_the_functions_they_wrap():
 def test_redraw_changes_only_favor(name):
     torch.manual_seed(0)
     phi = feature_map(name, 4, **ARGS[name])
-    x = torch.randn(3, 4)
+    x = torch.randn(2, 3, 5, 4)  # [B, H, T, d]: T2R's weights are per head (3)
     before = phi(x, False)
     phi.redraw()
     assert torch.equal(phi(x, False), before) == (name != "favor")
 
 
 @pytest.mark.parametrize("name,kwargs,match", [
-    ("relu", {}, r"name='relu' is not allowed; allowed: \('elu', 'dpfp', 'favor', 'hedgehog'\)"),
+    ("relu", {}, r"name='relu' is not allowed; allowed: \('elu', 'dpfp', 'favor', 'hedgehog', 't2r'\)"),
     ("dpfp", {"nu": 8}, r"dpfp: nu=8 is not allowed; nu must be an int in 1\.\.7"),
     ("dpfp", {}, r"dpfp: nu=None is not allowed"),
     ("favor", {"m": 0}, "FavorPlus: num_features=0"),

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 
 import table1
+import wmt_score
 from conftest import REPO, SCRIPTS, run
 
 # A tiny fast-weight model (d_key = 32) and a short run; appended after the recipe, so they win.
@@ -68,10 +70,17 @@ def test_average_then_evaluate(performer_run):
         result = json.loads(Path(stem + ".json").read_text())
         assert result["config"] == "performer_m32" and result["subset"] == subset
         assert result["checkpoint"] == str(save / ckpt)
-        assert 0 <= result["sacrebleu"] <= 100 and 0 <= result["tok_bleu"] <= 100
         assert "tok:13a" in result["sacrebleu_signature"]
         n = {"valid": 48, "test": 53}[subset]
-        assert result["sentences"] == n and len(Path(stem + ".hyp.txt").read_text().splitlines()) == n
+        hyps = Path(stem + ".hyp.txt").read_text(encoding="utf-8").splitlines()
+        assert result["sentences"] == n and len(hyps) == n
+        # the score is the written hypotheses' against the references, in corpus order (the tiny model's is near 0) ...
+        data = Path(e["DATA_BIN"])
+        refs, refs_tok = (wmt_score.read_lines(data / f"{kind}.{subset}.de") for kind in ("ref", "tok"))
+        assert result["sacrebleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+        # ... and the same scorer gives the references themselves 100 on both metrics
+        _, perfect = wmt_score.score(refs_tok, refs, refs_tok)
+        assert perfect["sacrebleu"] == perfect["tok_bleu"] == 100.0
         assert "sacreBLEU" in proc.stdout
 
     table = table1.render(table1.read_configs(REPO / "configs" / "wmt14_en_de"),

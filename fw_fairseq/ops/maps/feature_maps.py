@@ -1,6 +1,7 @@
 """Feature maps phi: R^d -> R^E_{>=0} that linearise attention (paper §5), and their normalisations.
 
-All maps act on the last dimension and keep every leading dimension, e.g. [B, H, T, d] -> [B, H, T, E].
+All maps act on the last dimension and keep every leading dimension, e.g. [B, H, T, d] -> [B, H, T, E]; the
+learned maps (learned.py: T2R, trainable Hedgehog) hold per-head parameters and take [..., H, T, d].
 Each map is a FeatureMap object (fast-transformers' feature_maps/base.py is the pattern), called the
 same way whatever the map: `phi(x, is_query)`, `phi.out_dim` (E), `phi.redraw()` (a no-op except for
 FAVOR+'s random features); `feature_map(name, d_key, nu, m)` builds one from the flags' values and
@@ -130,8 +131,9 @@ class Hedgehog(FeatureMap):
     exp makes the kernel spiky as softmax attention is: phi(q) . phi(k) grows with the scale of q and k
     that the projections learn, where DPFP's and ELU+1's ratios do not (DPFP is homogeneous: the sum
     rule's phi(q) . phi(k) / z . phi(q) is the same for c q and c k). Hedgehog's trainable d x d layer
-    before the softmax is left out: the q and k projections before the map are linear already. Each
+    before the softmax is left out by default: the q and k projections before the map are linear already. Each
     softmax is over one key's own entries, so the map is bounded (sum phi = 2) and needs no fp32 guard.
+    With --fw-hedgehog-trainable the layer is there (learned.TrainableHedgehog), for converted models.
     """
 
     kernel_map = "hedgehog"
@@ -199,12 +201,17 @@ class FavorPlus(FeatureMap):
                            x.to(dtype), self.projection.to(dtype), is_query)
 
 
-FEATURE_MAPS = ("elu", "dpfp", "favor", "hedgehog")
+# below the classes they build on: learned.py imports FeatureMap and Hedgehog from here
+from fw_fairseq.ops.maps.learned import T2r, TrainableHedgehog  # noqa: E402
+
+FEATURE_MAPS = ("elu", "dpfp", "favor", "hedgehog", "t2r")
 
 
-def feature_map(name, d_key, nu=None, m=None, fixed=False):
+def feature_map(name, d_key, nu=None, m=None, fixed=False, heads=1, t2r_features=None, trainable=False):
     """The FeatureMap `name` (one of FEATURE_MAPS) for d_key-wide heads: nu is DPFP's, m and fixed FAVOR+'s
-    number of random features (E = 2m) and redraw policy; each is checked by its map, ignored by the others."""
+    number of random features (E = 2m) and redraw policy, t2r_features T2R's K (E = K), trainable Hedgehog's
+    per-head linear layer; heads is the learned maps' number of heads (their parameters are per head). Each is
+    checked by its map, ignored by the others."""
     if name == "elu":
         return EluPlusOne(d_key)
     if name == "dpfp":
@@ -212,5 +219,7 @@ def feature_map(name, d_key, nu=None, m=None, fixed=False):
     if name == "favor":
         return FavorPlus(d_key, m, fixed)
     if name == "hedgehog":
-        return Hedgehog(d_key)
+        return TrainableHedgehog(d_key, heads) if trainable else Hedgehog(d_key)
+    if name == "t2r":
+        return T2r(d_key, heads, t2r_features)
     raise ValueError(f"feature_map: name={name!r} is not allowed; allowed: {FEATURE_MAPS}")

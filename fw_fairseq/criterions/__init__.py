@@ -1,0 +1,2 @@
+"""fairseq criterions of the plugin; importing registers them."""
+from fw_fairseq.criterions import attention_distillation  # noqa: F401

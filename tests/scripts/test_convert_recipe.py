@@ -1,0 +1,39 @@
+"""scripts/convert_recipe.py: one command converts a fairseq-trained softmax checkpoint, distils its attention into
+trainable Hedgehog maps under the delta rule, fine-tunes, and scores teacher and student with sacreBLEU; run again,
+it skips every finished step."""
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+from test_convert_softmax import teacher  # noqa: F401  (the module's fairseq-trained softmax checkpoint)
+
+RECIPE = [sys.executable, str(REPO / "scripts" / "convert_recipe.py")]
+
+
+def test_the_recipe_runs_once_and_skips_what_is_done(teacher):  # noqa: F811
+    work, data, source = teacher
+    out = work / "recipe"
+    cmd = [*RECIPE, "--teacher", str(source), "--data", str(data), "--work-dir", str(out), "--distil-updates", "2",
+           "--finetune-updates", "2", "--beam", "2", "--post-process", "none",
+           "--train-args", "--cpu --max-tokens 400 --seed 1 --num-workers 0",
+           "--fw-feature-map", "hedgehog", "--fw-hedgehog-trainable", "--fw-update-rule", "delta"]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "--criterion" in (out / "distil.log").read_text() or "fw_attention_distillation" in (
+        out / "distil.log").read_text()
+    scores = {name: json.loads((out / f"{name}.score").read_text()) for name in ("teacher", "student")}
+    assert all(score["sentences"] == 8 and score["bleu"] >= 0 for score in scores.values())
+    stamps = {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file()}
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout == first.stdout and "student: BLEU" in again.stdout
+    assert stamps == {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file()}  # nothing redone
+
+
+def test_a_failed_step_stops_in_one_line(teacher, tmp_path):  # noqa: F811
+    _, data, source = teacher
+    done = subprocess.run([*RECIPE, "--teacher", str(source), "--data", str(data), "--work-dir", str(tmp_path),
+                           "--fw-feature-map", "dpfp"], capture_output=True, text=True)
+    message = [line for line in done.stderr.splitlines() if "tensorboardX" not in line]
+    assert done.returncode != 0 and len(message) == 1 and "fairseq-train failed" in message[0], done.stderr

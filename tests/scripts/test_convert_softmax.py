@@ -1,0 +1,137 @@
+"""scripts/convert_softmax.py: a transformer_vaswani_wmt_en_de_big-shaped softmax checkpoint trained by fairseq's own
+code (fairseq-train, shrunk dims, a tiny corpus) converts to transformer_fw_big; every teacher tensor is copied, the
+new parameters start as the teacher (convolution 0, gate open); the result trains a few updates through
+fairseq-train --restore-file, distils through --criterion fw_attention_distillation and generates through
+fairseq-generate; its record names the teacher and survives training; a resume with other --fw-* flags is still
+refused; what cannot be mapped is refused in one line."""
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import BIN, REPO, run
+
+import fw_fairseq  # noqa: F401  (the safe globals for torch.load)
+from fw_fairseq.models.checkpoints import CONVERTED, decode
+
+CONVERT = [sys.executable, str(REPO / "scripts" / "convert_softmax.py")]
+SHRUNK = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "48",
+          "--decoder-ffn-embed-dim", "48", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+          "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings"]
+TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--no-epoch-checkpoints", "--cpu",
+         "--seed", "1", "--log-format", "none", "--num-workers", "0"]
+RESET = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
+T2R = ["--fw-feature-map", "t2r", "--fw-t2r-features", "8"]
+
+
+def _corpus(work):
+    """A copy task in reverse over 30 words, binarised with a joined dictionary."""
+    r = random.Random(0)
+    for split, n in (("train", 48), ("valid", 8), ("test", 8)):
+        src = [" ".join(f"w{r.randrange(30)}" for _ in range(r.randint(3, 7))) for _ in range(n)]
+        (work / f"{split}.en").write_text("\n".join(src) + "\n")
+        (work / f"{split}.de").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
+         "--workers", "1", "--destdir", str(work / "bin"),
+         *(arg for split in ("train", "valid", "test") for arg in (f"--{split}pref", str(work / split)))])
+    return work / "bin"
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    work = tmp_path_factory.mktemp("convert")
+    data = _corpus(work)
+    run([str(BIN / "fairseq-train"), str(data), "--arch", "transformer_vaswani_wmt_en_de_big", *SHRUNK, *TRAIN,
+         "--max-update", "2", "--save-dir", str(work / "teacher")])
+    return work, data, work / "teacher" / "checkpoint_last.pt"
+
+
+def _convert(source, target, *extra):
+    return subprocess.run([*CONVERT, "--from", str(source), "--to", str(target), *extra], capture_output=True,
+                          text=True)
+
+
+def _load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_shared_parameters_are_copied_and_new_ones_start_as_the_teacher(teacher):
+    work, data, source = teacher
+    done = _convert(source, work / "conv_gate.pt", "--data", str(data), *T2R, "--fw-output-gate", "channel")
+    assert done.returncode == 0, done.stderr
+    before, after = _load(source), _load(work / "conv_gate.pt")
+    assert after["cfg"]["model"].arch == "transformer_fw_big" and after["cfg"]["model"].fw_feature_map == "t2r"
+    for name, tensor in before["model"].items():
+        assert torch.equal(after["model"][name], tensor.to(after["model"][name].dtype)), name
+    new = set(after["model"]) - set(before["model"])
+    assert any(".encoder_conv." in n for n in new) and any(".output_gate." in n for n in new)
+    for name in new:
+        if ".encoder_conv." in name or name.endswith("output_gate.proj.weight"):
+            assert (after["model"][name] == 0).all(), name
+        elif name.endswith("output_gate.proj.bias"):
+            assert (torch.sigmoid(after["model"][name]) > 0.99).all(), name
+    record = decode(after["model"]["fw_settings"])
+    assert record[CONVERTED] == f"transformer_vaswani_wmt_en_de_big ({source})"
+    assert record["--fw-feature-map"] == "t2r" and record["--fw-t2r-features"] == "8"
+
+
+def test_converts_distils_trains_and_generates_through_the_clis(teacher):
+    work, data, source = teacher
+    assert _convert(source, work / "conv.pt", *T2R).returncode == 0
+    student = ["--user-dir", str(REPO / "fw_fairseq"), "--arch", "transformer_fw_big", *SHRUNK, *T2R, *TRAIN, *RESET]
+    run([str(BIN / "fairseq-train"), str(data), *student, "--max-update", "2", "--criterion",
+         "fw_attention_distillation", "--restore-file", str(work / "conv.pt"), "--save-dir", str(work / "distil")])
+    distilled = _load(work / "distil" / "checkpoint_last.pt")["model"]
+    converted = _load(work / "conv.pt")["model"]
+    changed = {name for name, tensor in converted.items() if not torch.equal(tensor, distilled[name].to(tensor.dtype))}
+    assert changed and all(".t2r." in name for name in changed)  # only the maps trained
+    run([str(BIN / "fairseq-train"), str(data), *student, "--max-update", "2", "--restore-file",
+         str(work / "distil" / "checkpoint_last.pt"), "--save-dir", str(work / "tuned")])
+    tuned = work / "tuned" / "checkpoint_last.pt"
+    assert decode(_load(tuned)["model"]["fw_settings"])[CONVERTED].startswith("transformer_vaswani_wmt_en_de_big")
+    out = run([str(BIN / "fairseq-generate"), str(data), "--user-dir", str(REPO / "fw_fairseq"), "--path", str(tuned),
+               "--beam", "2", "--cpu", "--max-tokens", "400"])
+    assert "Generate test with beam=2" in out.stdout + out.stderr
+    refused = subprocess.run([str(BIN / "fairseq-train"), str(data), *student[:-len(RESET)], "--fw-t2r-features", "4",
+                              "--max-update", "3", "--save-dir", str(work / "tuned")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "was trained with --fw-t2r-features 8, not 4" in refused.stderr
+
+
+def _mutated(work, source, name, change):
+    state = _load(source)
+    change(state)
+    path = work / f"{name}.pt"
+    torch.save(state, path)
+    return path
+
+
+def _set_arch(arch):
+    return lambda state: setattr(state["cfg"]["model"], "arch", arch)
+
+
+@pytest.mark.parametrize("name,change,extra,message", [
+    ("lstm", _set_arch("lstm"), [], "architecture 'lstm' cannot be converted; allowed: "),
+    ("shape", lambda s: s["model"].__setitem__("encoder.layers.0.fc1.weight", torch.zeros(40, 32)), [],
+     "encoder.layers.0.fc1.weight is (40, 32) in the teacher, (48, 32) in the fast-weight model"),
+    ("extra", lambda s: s["model"].__setitem__("encoder.layernorm_embedding.weight", torch.ones(32)), [],
+     "the fast-weight model has no encoder.layernorm_embedding.weight"),
+    ("fast", lambda s: (_set_arch("transformer_fw_big")(s), setattr(s["cfg"]["model"], "fw_attention", "cross")), [],
+     "has fast weights already (--fw-attention cross)"),
+    ("dict", lambda s: None, ["--data", "OTHER"], "dict.en.txt has 12 entries, the teacher's source embeddings"),
+    ("nu", lambda s: None, ["--fw-dpfp-nu", "40"], "argument --fw-dpfp-nu: 40 is too large for encoder attention"),
+])
+def test_what_cannot_be_mapped_is_refused_in_one_line(teacher, name, change, extra, message):
+    work, _, source = teacher
+    if "OTHER" in extra:
+        other = work / "other"
+        other.mkdir(exist_ok=True)
+        (other / "train.en-de.en.idx").write_bytes(b"")
+        for lang in ("en", "de"):
+            (other / f"dict.{lang}.txt").write_text("".join(f"x{i} 1\n" for i in range(8)))
+        extra = ["--data", str(other)]
+    done = _convert(_mutated(work, source, name, change), work / "refused.pt", *extra)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert len([line for line in done.stderr.splitlines() if "tensorboardX" not in line]) == 1, done.stderr
+    assert not (work / "refused.pt").exists()
