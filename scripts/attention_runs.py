@@ -1,6 +1,8 @@
 """One model of an attention comparison: fairseq-train for a fixed number of updates, with a progress bar
 and a validation-loss curve, then fairseq-generate on the test split and sacreBLEU (and, where asked, the
---lenpen that translates the valid split best, then the test split with it).
+--lenpen that translates the valid split best, then the test split with it), and the lengths of its
+translations (length_profile: BLEU and length by source length, repetition loops, outputs over twice their
+reference) on the test split and on the long split (test_long) where the work directory has one.
 
 A fixed number of updates (not a time budget) makes the result the same on a slow or busy machine as on
 a quiet one: only the wall time changes. Used by scripts/compare_attention.py and scripts/demo.py.
@@ -113,14 +115,14 @@ def _resumed_curve(log):
 LENPEN = 0.6  # fairseq-generate's --lenpen for every model (the WMT recipe's), unless tune_lenpen picks one
 
 
-def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None):
-    """fairseq-generate (beam 4) on a split (torch threads: `threads`, else torch's default); returns the
-    detokenised hypotheses in the split's order."""
+def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None, extra=()):
+    """fairseq-generate (beam 4) on a split (torch threads: `threads`, else torch's default; `extra`: more
+    fairseq-generate flags); returns the detokenised hypotheses in the split's order."""
     args = [BIN / "fairseq-generate", data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
             "--gen-subset", subset, "--beam", "4", "--lenpen", str(lenpen), "--batch-size", "64",
             "--required-batch-size-multiple", "1", "--remove-bpe",
             # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
-            "--max-len-a", "1.2", "--max-len-b", "10"]
+            "--max-len-a", "1.2", "--max-len-b", "10", *extra]
     with open(out, "w") as sink:
         proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT, env=_environment(threads))
     if proc.returncode != 0:
@@ -139,6 +141,84 @@ def score(hypotheses, references):
     return {"bleu": round(result.score, 2), "signature": str(metric.get_signature()), "bp": round(result.bp, 4),
             "length_ratio": round(result.sys_len / result.ref_len, 4),
             "precisions": [round(p, 2) for p in result.precisions]}
+
+
+# Source-length buckets (English words of the raw source): (name, fewest, most)
+BUCKETS = (("≤5", 0, 5), ("6–15", 6, 15), (">15", 16, None))
+LOOP_TIMES, LOOP_MAX_N = 4, 4  # a loop: an n-gram (n <= 4) LOOP_TIMES times in a row
+
+
+def bucket_of(words):
+    """The name of the BUCKETS entry of a source of `words` words."""
+    return next(name for name, low, high in BUCKETS if words >= low and (high is None or words <= high))
+
+
+def repeats(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
+    """Whether some n-gram of `tokens` (n <= max_n) occurs `times` times in a row: "puis puis puis puis",
+    "a b a b a b a b". An n-gram repeated k times in a row is a stretch of (k - 1) n positions j where
+    tokens[j] == tokens[j + n]."""
+    for n in range(1, max_n + 1):
+        run = 0
+        for j in range(len(tokens) - n):
+            run = run + 1 if tokens[j] == tokens[j + n] else 0
+            if run >= (times - 1) * n:
+                return True
+    return False
+
+
+def length_profile(hypotheses, references, sources):
+    """How the translations' lengths go wrong: per source-length bucket (BUCKETS, the raw source's words) the
+    number of sentences, sacreBLEU and the hypotheses' length over the references' (sacreBLEU's 13a tokens), and
+    over the whole split the share of hypotheses with a loop (repeats(), whitespace tokens), and the number of
+    hypotheses with more than twice their reference's words."""
+    if not len(hypotheses) == len(references) == len(sources):
+        raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references, {len(sources)} sources")
+    groups = {name: [] for name, _, _ in BUCKETS}
+    for i, source in enumerate(sources):
+        groups[bucket_of(len(source.split()))].append(i)
+    buckets = {}
+    for name, rows in groups.items():
+        if not rows:
+            buckets[name] = {"n": 0, "bleu": None, "length_ratio": None}
+            continue
+        result = sacrebleu.BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]])
+        buckets[name] = {"n": len(rows), "bleu": round(result.score, 2),
+                         "length_ratio": round(result.sys_len / result.ref_len, 4) if result.ref_len else None}
+    loops = sum(repeats(h.split()) for h in hypotheses)
+    return {"buckets": buckets, "n": len(hypotheses), "loops": loops,
+            "repetition_rate": round(loops / len(hypotheses), 4) if hypotheses else None,
+            "over_twice": sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(hypotheses, references))}
+
+
+def has_long_split(work):
+    return (Path(work) / "data-bin/test_long.en-de.de.idx").is_file()
+
+
+def measure_lengths(work, name, threads=None, checkpoint=None):
+    """The run's record with "profile" (length_profile of its test translations, where raw/ has their sources) and,
+    where the work directory has the long split, "long": test_long translated (beam 4, --lenpen LENPEN), score() and length_profile() of it, and
+    its hypotheses. Adds them to records made before they existed (translating test_long from the run's checkpoint);
+    a record that has them is returned as it is."""
+    work = Path(work)
+    record_file = work / "runs" / f"{name}.json"
+    record = json.loads(record_file.read_text())
+    changed = False
+    if "profile" not in record and (work / "raw/test.en").is_file():  # a work dir with its sources
+        sources, references = ((work / f"raw/test.{lang}").read_text().splitlines() for lang in ("en", "de"))
+        record["profile"], changed = length_profile(record["hypotheses"], references, sources), True
+    if "long" not in record and has_long_split(work):
+        checkpoint = checkpoint or work / "checkpoints" / name / "checkpoint_last.pt"
+        if not Path(checkpoint).is_file():
+            sys.exit(f"{checkpoint} is missing: the long split needs each run's checkpoint in --work-dir")
+        sources, references = ((work / f"raw/test_long.{lang}").read_text().splitlines() for lang in ("en", "de"))
+        hypotheses = translate(work / "data-bin", checkpoint, work / f"generate.{name}.test_long.txt", "test_long",
+                               threads=threads)
+        record["long"] = {**score(hypotheses, references), "profile": length_profile(hypotheses, references, sources),
+                          "hypotheses": hypotheses}
+        changed = True
+    if changed:
+        record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    return record
 
 
 def tune_lenpen(work, name, grid, threads=None):
@@ -178,10 +258,11 @@ def train_and_score(work, name, flags, updates, valid_every, label=None, threads
     start = time.time()
     record = train(work / "data-bin", work / "checkpoints" / name, flags, updates, valid_every,
                    work / f"train.{name}.log", label or name, threads)
-    hypotheses = translate(work / "data-bin", record.pop("checkpoint"), work / f"generate.{name}.txt")
+    checkpoint = record.pop("checkpoint")
+    hypotheses = translate(work / "data-bin", checkpoint, work / f"generate.{name}.txt", threads=threads)
     references = (work / "raw/test.de").read_text().splitlines()
     record.update(score(hypotheses, references))
     record.update(flags=[str(f) for f in flags], wall_seconds=round(time.time() - start, 1),
                   hypotheses=hypotheses)
     record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
-    return record
+    return measure_lengths(work, name, threads, checkpoint)

@@ -8,10 +8,18 @@ German msgstr). Shared by the demo (scripts/demo.py) and the attention compariso
                  test / valid / train (raw/{split}.{en,de})
   make_subwords  sacremoses tokenisation that keeps printf / format placeholders whole, joint BPE
                  (subword-nmt), fairseq-preprocess (data-bin/)
+  make_long      long messages, held out beside the splits above (raw/{test,valid}_long.{en,de}): catalog
+                 messages of 16-40 English words, topped up with messages joined from consecutive entries of one
+                 catalog that are in no ordinary split; none is trained on. The ordinary splits keep messages of
+                 2-12 words, so these test how a model trained on short messages translates long ones.
+  make_long_subwords  the long split through the ordinary split's tokeniser, BPE codes and dictionary
+                 (data-bin/{test,valid}_long.en-de.*): fairseq-generate --gen-subset test_long
 
-Both steps write their outputs last, so a re-run after an interruption redoes only what is missing.
+Every step writes its outputs last, so a re-run after an interruption redoes only what is missing, and a work
+directory built before the long split existed gains it without its corpus, BPE or dictionary being rebuilt.
 """
 import gettext
+import os
 import random
 import re
 import subprocess
@@ -48,30 +56,105 @@ def clean_message(text):
     return " ".join(text.split())
 
 
-def catalog_pairs(locale_dir):
-    """(English, German) message pairs of every .mo catalog, singular messages only."""
-    pairs = {}
+def catalog_messages(locale_dir):
+    """{catalog file name: [(English, German), ...]} of every .mo catalog in the catalog's order, singular one-line
+    messages only, cleaned, translated (German differs from English)."""
+    catalogs = {}
     for mo in sorted(locale_dir.glob("*.mo")):
         try:
             with open(mo, "rb") as fp:
                 catalog = gettext.GNUTranslations(fp)._catalog  # gettext keeps the pairs here
         except (OSError, UnicodeDecodeError):
             continue  # a few old catalogs are in a legacy charset: skip them
+        messages = catalogs[mo.name] = []
         for msgid, msgstr in catalog.items():
             if not isinstance(msgid, str) or not msgid or "\n" in msgid.strip():
                 continue  # plural forms are keyed by tuples; "" is the header
             msgid = msgid.split("\x04", 1)[-1]  # drop a msgctxt ("context\x04message")
             en, de = clean_message(msgid), clean_message(msgstr)
-            if en and de and en != de and 2 <= len(en.split()) <= 12 and len(de.split()) <= 16:
+            if en and de and en != de:
+                messages.append((en, de))
+    return catalogs
+
+
+SHORT_WORDS, SHORT_DE_WORDS = (2, 12), 16  # the ordinary splits' messages: English words, German words at most
+
+
+def is_short(en, de):
+    """Whether a pair is of the ordinary splits' lengths."""
+    return SHORT_WORDS[0] <= len(en.split()) <= SHORT_WORDS[1] and len(de.split()) <= SHORT_DE_WORDS
+
+
+def catalog_pairs(locale_dir, catalogs=None):
+    """(English, German) message pairs of every .mo catalog of the ordinary splits' lengths, the first German of an
+    English message kept, sorted."""
+    pairs = {}
+    for messages in (catalogs or catalog_messages(locale_dir)).values():
+        for en, de in messages:
+            if is_short(en, de):
                 pairs.setdefault(en, de)
     return sorted(pairs.items())
 
 
+LONG_WORDS = (16, 40)  # a long message's English words: from WMT's sentence lengths (about 25 on average)
+
+
+def _long_enough_de(en, de):
+    return len(de.split()) <= 2 * len(en.split())  # a German twice as long is a wrong or annotated entry
+
+
+def _join(pieces):
+    """Messages as one text: each piece ends a sentence (a full stop where it has no final punctuation)."""
+    return " ".join(p if p[-1] in ".!?:;" else p + "." for p in pieces)
+
+
+def long_pairs(catalogs, exclude):
+    """(natural, joined): pairs of LONG_WORDS English words, each list deduplicated (the first German kept) and
+    sorted. natural: catalog messages of that length. joined: consecutive messages of one catalog, each of 3 to 15
+    words and none an English message of `exclude` (the ordinary splits) or a natural one, joined (_join) until the
+    English reaches LONG_WORDS[0] words; a run that would pass LONG_WORDS[1] starts again at the piece that would."""
+    low, high = LONG_WORDS
+    natural, joined, seen = {}, {}, set(exclude)
+    for messages in catalogs.values():
+        for en, de in messages:
+            if low <= len(en.split()) <= high and _long_enough_de(en, de) and en not in seen:
+                natural.setdefault(en, de)
+    seen |= set(natural)
+    for messages in catalogs.values():
+        run = []
+        for en, de in messages:
+            if en in seen or not 3 <= len(en.split()) < low or not _long_enough_de(en, de):
+                continue  # not a piece: it does not break a run (the catalog's order is alphabetical anyway)
+            seen.add(en)
+            if run and sum(len(e.split()) for e, _ in run) + len(en.split()) > high:
+                run = []
+            run.append((en, de))
+            if sum(len(e.split()) for e, _ in run) >= low:
+                joined.setdefault(_join([e for e, _ in run]), _join([d for _, d in run]))
+                run = []
+    return sorted(natural.items()), sorted(joined.items())
+
+
+def split_long(natural, joined, size):
+    """{"test_long": ..., "valid_long": ...} of `size` pairs each where there are enough (else half each): natural
+    messages first, topped up with joined ones, shuffled with a fixed seed."""
+    natural, joined = list(natural), list(joined)
+    random.Random(0).shuffle(natural)
+    random.Random(0).shuffle(joined)
+    chosen = (natural + joined)[:2 * size]
+    random.Random(1).shuffle(chosen)
+    half = min(size, len(chosen) // 2)
+    return {"test_long": chosen[:half], "valid_long": chosen[half:2 * half]}
+
+
+def _write_split(raw, split, rows):
+    for i, lang in enumerate(("en", "de")):
+        (raw / f"{split}.{lang}").write_text("".join(row[i] + "\n" for row in rows))
+
+
 def make_corpus(work, test_size, what="corpus"):
     """raw/{test,valid,train}.{en,de}; returns the number of pairs per split."""
-    if not LOCALE_DIR.is_dir() or not any(LOCALE_DIR.glob("*.mo")):
-        sys.exit(f"{what}: no German message catalogs in {LOCALE_DIR}; install some (e.g. "
-                 "`apt-get install coreutils` ships de/LC_MESSAGES/coreutils.mo) and re-run")
+    _need_catalogs(what)
     pairs = catalog_pairs(LOCALE_DIR)
     random.Random(0).shuffle(pairs)
     splits = {"test": pairs[:test_size], "valid": pairs[test_size:2 * test_size],
@@ -79,9 +162,30 @@ def make_corpus(work, test_size, what="corpus"):
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
-        for i, lang in enumerate(("en", "de")):
-            (raw / f"{split}.{lang}").write_text("".join(row[i] + "\n" for row in rows))
+        _write_split(raw, split, rows)
     return {split: len(rows) for split, rows in splits.items()}
+
+
+def _need_catalogs(what):
+    if not LOCALE_DIR.is_dir() or not any(LOCALE_DIR.glob("*.mo")):
+        sys.exit(f"{what}: no German message catalogs in {LOCALE_DIR}; install some (e.g. "
+                 "`apt-get install coreutils` ships de/LC_MESSAGES/coreutils.mo) and re-run")
+
+
+LONG_SPLITS = ("test_long", "valid_long")
+
+
+def make_long(work, size, what="corpus"):
+    """raw/{test,valid}_long.{en,de} (split_long of long_pairs), none of whose English messages is in raw/'s ordinary
+    splits; returns {split: (pairs, joined pairs among them)}."""
+    _need_catalogs(what)
+    raw = work / "raw"
+    ordinary = {line for split in ("train", "valid", "test") for line in (raw / f"{split}.en").read_text().splitlines()}
+    natural, joined = long_pairs(catalog_messages(LOCALE_DIR), ordinary)
+    splits, joined = split_long(natural, joined, size), set(joined)
+    for split in LONG_SPLITS[::-1]:  # test_long last: prepare() takes it as the mark of a finished step
+        _write_split(raw, split, splits[split])
+    return {split: (len(rows), sum(row in joined for row in rows)) for split, rows in splits.items()}
 
 
 def tokenize(tokenizer, line):
@@ -90,32 +194,111 @@ def tokenize(tokenizer, line):
                               protected_patterns=PLACEHOLDERS)
 
 
-def make_subwords(work, merges, what="corpus"):
-    """tok/, bpe/ and data-bin/ from raw/."""
-    raw, tok, bpe = work / "raw", work / "tok", work / "bpe"
+def _tokenize_splits(raw, tok, splits):
     tok.mkdir(exist_ok=True)
-    bpe.mkdir(exist_ok=True)
     for lang in ("en", "de"):
         tokenizer = MosesTokenizer(lang=lang)
-        for split in ("train", "valid", "test"):
+        for split in splits:
             lines = (raw / f"{split}.{lang}").read_text().splitlines()
             (tok / f"{split}.{lang}").write_text("".join(tokenize(tokenizer, line) + "\n" for line in lines))
-    run([BIN / "subword-nmt", "learn-joint-bpe-and-vocab", "--input", tok / "train.en",
-         tok / "train.de", "-s", merges, "-o", bpe / "codes", "--write-vocabulary",
-         bpe / "vocab.en", bpe / "vocab.de"], what=what)
+
+
+def _apply_bpe(tok, bpe, splits, what):
     for lang in ("en", "de"):
-        for split in ("train", "valid", "test"):
+        for split in splits:
             run([BIN / "subword-nmt", "apply-bpe", "-c", bpe / "codes", "--vocabulary",
                  bpe / f"vocab.{lang}", "--vocabulary-threshold", "2",
                  "--input", tok / f"{split}.{lang}", "--output", bpe / f"{split}.{lang}"], what=what)
+
+
+def make_subwords(work, merges, what="corpus"):
+    """tok/, bpe/ and data-bin/ from raw/."""
+    raw, tok, bpe = work / "raw", work / "tok", work / "bpe"
+    bpe.mkdir(exist_ok=True)
+    _tokenize_splits(raw, tok, ("train", "valid", "test"))
+    run([BIN / "subword-nmt", "learn-joint-bpe-and-vocab", "--input", tok / "train.en",
+         tok / "train.de", "-s", merges, "-o", bpe / "codes", "--write-vocabulary",
+         bpe / "vocab.en", bpe / "vocab.de"], what=what)
+    _apply_bpe(tok, bpe, ("train", "valid", "test"), what)
     run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
          "--trainpref", bpe / "train", "--validpref", bpe / "valid", "--testpref", bpe / "test",
          "--destdir", work / "data-bin", "--joined-dictionary", "--workers", "2"],
         log=work / "preprocess.log", what=what)
 
 
+def make_long_subwords(work, what="corpus"):
+    """data-bin/{test,valid}_long.en-de.* from raw/{test,valid}_long.*, with the ordinary splits' BPE codes and
+    dictionary (built by make_subwords; nothing of it is rebuilt)."""
+    raw, tok, bpe, data = work / "raw", work / "tok", work / "bpe", work / "data-bin"
+    _tokenize_splits(raw, tok, LONG_SPLITS)
+    _apply_bpe(tok, bpe, LONG_SPLITS, what)
+    scratch = work / "long-bin"  # fairseq-preprocess names test prefixes test, test1: renamed into data-bin
+    run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+         "--testpref", ",".join(str(bpe / split) for split in LONG_SPLITS), "--destdir", scratch,
+         "--srcdict", data / "dict.en.txt", "--tgtdict", data / "dict.de.txt", "--workers", "2"],
+        log=work / "preprocess_long.log", what=what)
+    # valid_long first: data-bin/test_long.en-de.de.idx, written last, marks the step done
+    for name, split in sorted(zip(("test", "test1"), LONG_SPLITS), key=lambda pair: pair[1] == "test_long"):
+        for lang in ("en", "de"):
+            for ext in ("bin", "idx"):
+                os.replace(scratch / f"{name}.en-de.{lang}.{ext}", data / f"{split}.en-de.{lang}.{ext}")
+
+
+def joined_pairs(pairs, words=LONG_WORDS):
+    """Consecutive pairs of `pairs` joined (_join) into messages of `words` English words: a run is closed as soon as
+    it reaches the fewest, and restarted at a pair that would take it past the most."""
+    low, high = words
+    joined, run, length = [], [], 0
+    for en, de in pairs:
+        size = len(en.split())
+        if run and length + size > high:
+            run, length = [], 0
+        run.append((en, de))
+        length += size
+        if length >= low:
+            joined.append((_join([e for e, _ in run]), _join([d for _, d in run])))
+            run, length = [], 0
+    return joined
+
+
+def make_joined_train(work, source, what="corpus"):
+    """A work directory whose training split is `source`'s plus its training pairs joined (joined_pairs, each pair
+    used once more, in a long message), everything else `source`'s: the same test, valid and long splits, BPE codes
+    and dictionary (the joined pairs are tokenised and cut with those codes, then binarised with that dictionary).
+    Only training sentences are joined: no test, valid or long message reaches training."""
+    raw, tok, bpe, data = (work / d for d in ("raw", "tok", "bpe", "data-bin"))
+    for folder in (raw, tok, bpe, data):
+        folder.mkdir(parents=True, exist_ok=True)
+    train = list(zip(*((source / f"raw/train.{lang}").read_text().splitlines() for lang in ("en", "de"))))
+    joined = joined_pairs(train)
+    (raw / "joined.en").write_text("".join(en + "\n" for en, _ in joined))
+    (raw / "joined.de").write_text("".join(de + "\n" for _, de in joined))
+    _tokenize_splits(raw, tok, ("joined",))
+    for name in ("codes", "vocab.en", "vocab.de"):
+        (bpe / name).write_bytes((source / "bpe" / name).read_bytes())
+    _apply_bpe(tok, bpe, ("joined",), what)
+    for lang in ("en", "de"):
+        (bpe / f"train.{lang}").write_text((source / f"bpe/train.{lang}").read_text() + (bpe / f"joined.{lang}").read_text())
+        (raw / f"train.{lang}").write_text((source / f"raw/train.{lang}").read_text() + (raw / f"joined.{lang}").read_text())
+        for split in ("valid", "test", *LONG_SPLITS):
+            (raw / f"{split}.{lang}").write_bytes((source / f"raw/{split}.{lang}").read_bytes())
+    scratch = work / "train-bin"
+    run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", bpe / "train",
+         "--destdir", scratch, "--srcdict", source / "data-bin/dict.en.txt", "--tgtdict", source / "data-bin/dict.de.txt",
+         "--workers", "2"], log=work / "preprocess_joined.log", what=what)
+    for path in sorted((source / "data-bin").iterdir()):
+        if not path.name.startswith("train.") and path.name != "preprocess.log":
+            (data / path.name).write_bytes(path.read_bytes())
+    # the training files last: data-bin/train.en-de.de.idx marks the step done
+    for lang in ("en", "de"):
+        for ext in ("bin", "idx"):
+            os.replace(scratch / f"train.en-de.{lang}.{ext}", data / f"train.en-de.{lang}.{ext}")
+    return {"train": len(train) + len(joined), "joined": len(joined)}
+
+
 def prepare(work, test_size, merges, what="corpus"):
-    """Corpus and subwords under `work`, skipping what a previous run finished; returns a status line."""
+    """Corpus and subwords under `work` with the long split beside them, skipping what a previous run finished;
+    returns a status line."""
     work.mkdir(parents=True, exist_ok=True)
     status = "corpus and subwords: already built"
     if not (work / "raw/test.de").exists():
@@ -124,4 +307,10 @@ def prepare(work, test_size, merges, what="corpus"):
     if not (work / "data-bin/test.en-de.de.idx").exists():  # preprocess writes it last
         make_subwords(work, merges, what)
         status += f"; sacremoses + {merges} joint BPE merges, fairseq-preprocess done"
+    if not (work / "raw/test_long.de").exists():
+        sizes = make_long(work, test_size, what)
+        status += "; long split (pairs, of them joined): " + ", ".join(f"{k} {v}" for k, v in sizes.items())
+    if not (work / "data-bin/test_long.en-de.de.idx").exists():
+        make_long_subwords(work, what)
+        status += "; long split binarised with the ordinary dictionary"
     return status

@@ -1,14 +1,20 @@
-"""Translation quality of attention configurations at equal updates, on the German catalogs (issue 14).
+"""Translation quality of attention configurations at equal updates, on the German catalogs.
 
 Every configuration trains the same model for the same number of updates with the same seeds
 (fairseq-train --max-update), validates every updates/10, translates the held-out test split (beam 4)
 and is scored with detokenised sacreBLEU. The ranking is therefore the same on a slow or busy machine as
 on a quiet one; only the wall time, reported per update beside it, depends on the machine.
+Each model also translates the long split (test_long: catalog messages of 16-40 words, none trained on;
+scripts/catalog_corpus.py), and the report gives, for the test and the long split, BLEU and the length ratio
+by source length (<= 5, 6-15, > 15 words), the share of translations that loop (a token or an n-gram of up to
+4 repeated 4 times in a row) and the number over twice their reference's length.
 
     python scripts/compare_attention.py [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
     python scripts/compare_attention.py --report-only   # table and plot again from the stored results
+    python scripts/compare_attention.py --train-joined  # train on the training split plus its pairs joined into
+                                                        # long messages (same dictionary and test splits)
 
-Writes results/compare_attention/{preset}_u{updates}.json (every run: curve, BLEU, seconds per update),
+Writes results/compare_attention/{preset}_u{updates}.json (every run: curve, BLEU, lengths, seconds per update),
 .md (the table) and .png (the valid-loss curves); runs that finished are kept in --work-dir and skipped
 when re-run. `softmax` and `hybrid` rows are baselines, not fast-weight models.
 """
@@ -59,7 +65,7 @@ CONFIGS = {
     "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum", *NO_CONV]),
     "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",
                                     "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
-    # the learning rate of the fast-weight models (issue 14's candidate), and softmax's at the same
+    # the learning rate the fast-weight models were proposed to need, and softmax's at the same
     "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3", *NO_CONV]),
     "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
     # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
@@ -85,6 +91,10 @@ CONFIGS = {
     "dpfp2-sum-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3]),
     "dpfp2-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                            "--fw-delta-norm", "l2", *CONV3]),
+    # the delta configuration with the paper's sum-normalised phi instead of L2 (docs/long_outputs.md): a write
+    # changes its key's slot by beta ||phi(k)||^2 of the difference, so repeated writes of one pair keep adding
+    "dpfp2-delta-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                        "--fw-delta-norm", "sum", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
     "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
@@ -97,9 +107,10 @@ CONFIGS = {
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
          "--dropout", "0.1"]
-# preset -> (BPE merges, architecture flags, optimiser flags). `demo` is the demo's model (2+2 layers,
-# 128 dim, 2 heads: d_key 64), about 0.2 s per update on 2 cores; `issue` is issue 14's (3+3 layers,
-# 256 dim, 4 heads, FFN 512, 8k BPE), about ten times slower.
+# preset -> (BPE merges, architecture flags, optimiser flags), every dimension spelled out (not left to the
+# architecture's defaults). `demo` is the demo's model (2+2 layers, 128 dim, 2 heads: d_key 64, FFN 512,
+# 2k BPE), about 0.2 s per update on 2 cores; `base` is transformer_fw_small's depth, width and heads with
+# half its FFN (3+3 layers, 256 dim, 4 heads: d_key 64, FFN 512, 8k BPE, warm-up 300), about ten times slower.
 PRESETS = {
     "demo": (2000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
                     "--encoder-layers", "2", "--decoder-layers", "2",
@@ -107,9 +118,12 @@ PRESETS = {
                     "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
                     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"],
              ["--lr", "2e-3", "--warmup-updates", "200", "--max-tokens", "2048"]),
-    "issue": (8000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
-                     "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512"],
-              ["--lr", "1e-3", "--warmup-updates", "300", "--max-tokens", "4096"]),
+    "base": (8000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
+                    "--encoder-layers", "3", "--decoder-layers", "3",
+                    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+                    "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
+                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+             ["--lr", "1e-3", "--warmup-updates", "300", "--max-tokens", "4096"]),
 }
 
 
@@ -117,6 +131,14 @@ def model_flags(preset, config, seed):
     merges, arch, optim = PRESETS[preset]
     # a configuration's flags come last: they may override the preset's (argparse: the last one wins)
     return [*arch, *TRAIN, *optim, *CONFIGS[config][1], "--seed", str(seed)]
+
+
+def without_hypotheses(record):
+    """A run's record for the results file: its numbers, not its translations (those stay in --work-dir/runs)."""
+    record = {k: v for k, v in record.items() if k != "hypotheses"}
+    if "long" in record:
+        record["long"] = {k: v for k, v in record["long"].items() if k != "hypotheses"}
+    return record
 
 
 def parse_args(argv=None):
@@ -134,6 +156,10 @@ def parse_args(argv=None):
     parser.add_argument("--lenpen-grid", type=float, nargs="+", metavar="LENPEN",
                         help="also translate the test split with the --lenpen of these that scores best on the "
                              "valid split, per run (a second BLEU column; the first keeps --lenpen 0.6 for all)")
+    parser.add_argument("--train-joined", action="store_true",
+                        help="train on the training split plus its pairs joined into long messages of 16-40 words "
+                             "(catalog_corpus.make_joined_train; the same dictionary and test splits), results "
+                             "as {preset}_joined_u{updates}")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the table and plot from the stored results, train nothing")
     args = parser.parse_args(argv)
@@ -152,13 +178,18 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    stem = args.out_dir / f"{args.preset}_u{args.updates}"
+    stem = args.out_dir / f"{args.preset}{'_joined' if args.train_joined else ''}_u{args.updates}"
     if args.report_only:
         print(compare_report.write(stem, json.loads(stem.with_suffix(".json").read_text())))
         return
     merges = PRESETS[args.preset][0]
     work = args.work_dir / args.preset
     print(catalog_corpus.prepare(work, args.test_size, merges, what="compare_attention"), flush=True)
+    if args.train_joined:
+        work, source = args.work_dir / f"{args.preset}-joined", work
+        if not (work / "data-bin/train.en-de.de.idx").exists():
+            print(f"joined training split: {catalog_corpus.make_joined_train(work, source, 'compare_attention')}",
+                  flush=True)
     threads = max(1, (torch.get_num_threads()) // args.jobs)
     runs = [(config, seed) for seed in args.seeds for config in args.configs]
     start = time.time()
@@ -169,6 +200,8 @@ def main(argv=None):
         record = attention_runs.train_and_score(work, name, model_flags(args.preset, config, seed),
                                                 args.updates, max(1, args.updates // 10), label=name,
                                                 threads=threads if args.jobs > 1 else None)
+        # records stored before the lengths were measured gain them (the long split translated from the checkpoint)
+        record = attention_runs.measure_lengths(work, name, threads if args.jobs > 1 else None)
         if not args.lenpen_grid:
             return record
         return attention_runs.tune_lenpen(work, name, args.lenpen_grid, threads if args.jobs > 1 else None)
@@ -177,11 +210,12 @@ def main(argv=None):
         records = list(pool.map(one, runs))
     results = {
         "benchmark": "compare_attention", "preset": args.preset, "updates": args.updates,
+        **({"training": "joined"} if args.train_joined else {}),
         "seeds": args.seeds, "jobs": args.jobs, "machine": platform.machine(),
         "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
         "wall_minutes": round((time.time() - start) / 60, 1),
         "configs": {name: {"kind": CONFIGS[name][0], "flags": CONFIGS[name][1]} for name in args.configs},
-        "runs": [{"config": config, "seed": seed, **{k: v for k, v in record.items() if k != "hypotheses"}}
+        "runs": [{"config": config, "seed": seed, **without_hypotheses(record)}
                  for (config, seed), record in zip(runs, records)],
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,26 @@ def summarise(results):
                                                                        if "precisions" in r))],
                       "tuned_by_seed": {r["seed"]: r["tuned"]["bleu"] for r in runs if "tuned" in r},
                       "tuned_lenpens": sorted({r["tuned"]["lenpen"] for r in runs if "tuned" in r}),
-                      "tuned_length_ratio": _mean([r["tuned"]["length_ratio"] for r in runs if "tuned" in r])}
+                      "tuned_length_ratio": _mean([r["tuned"]["length_ratio"] for r in runs if "tuned" in r]),
+                      "profiles": {"test": _mean_profile([r["profile"] for r in runs if "profile" in r]),
+                                   "test_long": _mean_profile([r["long"]["profile"] for r in runs if "long" in r])},
+                      "long_bleu": _mean([r["long"]["bleu"] for r in runs if "long" in r]),
+                      "long_length_ratio": _mean([r["long"]["length_ratio"] for r in runs if "long" in r])}
     return rows
+
+
+def _mean_profile(profiles):
+    """The mean over seeds of attention_runs.length_profile()s (None where no run has one): per bucket the BLEU and
+    length ratio, the repetition rate and the count over twice the reference."""
+    if not profiles:
+        return None
+    names = list(profiles[0]["buckets"])
+    return {"buckets": {name: {"n": profiles[0]["buckets"][name]["n"],
+                               "bleu": _mean([p["buckets"][name]["bleu"] for p in profiles]),
+                               "length_ratio": _mean([p["buckets"][name]["length_ratio"] for p in profiles])}
+                        for name in names},
+            "n": profiles[0]["n"], "repetition_rate": _mean([p["repetition_rate"] for p in profiles]),
+            "over_twice": _mean([p["over_twice"] for p in profiles]), "runs": len(profiles)}
 
 
 def paired(row, ref):
@@ -72,7 +90,9 @@ def table(results):
     rows = summarise(results)
     ref = rows["softmax"]
     seeds = sorted({r["seed"] for r in results["runs"]})
-    lines = [f"{results['preset']} preset, {results['updates']} updates, seeds {seeds}, "
+    training = (", trained on the training split plus its pairs joined into long messages"
+                if results.get("training") == "joined" else "")
+    lines = [f"{results['preset']} preset{training}, {results['updates']} updates, seeds {seeds}, "
              f"{results['cpu_count']} threads, torch {results['torch']}",
              "", "| configuration | kind | seeds | BLEU | × softmax (same seeds, same --lr) | valid loss | s / update | "
              "× softmax time |", "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -93,6 +113,7 @@ def table(results):
                       f"worst {worst} {_ratio_text(ratios[worst])}."]
     lines += by_seed(rows, seeds)
     lines += lengths(rows, seeds)
+    lines += by_source_length(rows)
     lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
@@ -148,6 +169,44 @@ def lengths(rows, seeds):
     if len(seeds) > 1 and tuned_any:
         lines += _seed_table("BLEU with the --lenpen picked on valid, seed by seed:", rows, seeds, lambda row, s: (
             f"{row['tuned_by_seed'][s]:.2f}" if s in row["tuned_by_seed"] else ""))
+    return lines
+
+
+def _number(value, digits=2):
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def by_source_length(rows):
+    """Where runs recorded them (attention_runs.length_profile): for the test split and the long split (test_long,
+    messages of 16-40 words that no model trained on) BLEU and the length ratio per source-length bucket, the share
+    of translations with a loop and the number over twice their reference's length (means over the seeds)."""
+    splits = [split for split in ("test", "test_long") if any(row["profiles"][split] for row in rows.values())]
+    if not splits:
+        return []
+    first = next(row["profiles"][splits[0]] for row in rows.values() if row["profiles"][splits[0]])
+    names = list(first["buckets"])
+    lines = ["", "Lengths by source length (English words; BLEU, then the translations' length over the references' "
+                 "in sacreBLEU's tokens), the share of translations that loop (a token or an n-gram, n ≤ 4, 4 times "
+                 "in a row) and the number longer than twice their reference (words); means over the seeds:", "",
+             "| configuration | split | " + " | ".join(f"BLEU {n}" for n in names) + " | "
+             + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference |",
+             "|---|---|" + "---:|" * (2 * len(names) + 2)]
+    for split in splits:
+        for name, row in rows.items():
+            profile = row["profiles"][split]
+            if not profile:
+                continue
+            buckets = profile["buckets"]
+            sizes = "/".join(str(buckets[n]["n"]) for n in names)
+            lines.append(f"| {name} | {split} ({sizes}) | "
+                         + " | ".join(_number(buckets[n]["bleu"]) for n in names) + " | "
+                         + " | ".join(_number(buckets[n]["length_ratio"], 3) for n in names) + " | "
+                         + f"{100 * profile['repetition_rate']:.1f}% | {_number(profile['over_twice'], 1)} of "
+                           f"{profile['n']} |")
+    if "test_long" in splits:
+        lines += ["", "The long split as a whole (sacreBLEU, length ratio): " + "; ".join(
+            f"{name} {_number(row['long_bleu'])} ({_number(row['long_length_ratio'], 3)})"
+            for name, row in rows.items() if row["long_bleu"] is not None) + "."]
     return lines
 
 

@@ -50,3 +50,93 @@ def test_placeholders_stay_one_token_and_detokenise_unchanged(lang, line, tokens
     tokenized = demo.tokenize(MosesTokenizer(lang=lang), line)
     assert tokenized == tokens
     assert MosesDetokenizer(lang=lang).detokenize(tokenized.split()) == line
+
+
+def _words(n, word="w"):
+    return " ".join(f"{word}{i}" for i in range(n))
+
+
+def test_long_pairs_keep_long_messages_and_join_the_excluded_middle_lengths():
+    catalogs = {
+        "a.mo": [(_words(20, "long"), _words(22, "lang")),  # natural: 16-40 words
+                 (_words(41, "huge"), _words(41, "riesig")),  # too long
+                 (_words(18, "bad"), _words(40, "schlecht")),  # German over twice the English
+                 (_words(13, "p"), _words(13, "q")),  # pieces: 13 + 14 words -> one message of 27
+                 (_words(8, "train"), _words(8, "zug")),  # an ordinary split's message: never a piece
+                 (_words(14, "r") + ".", _words(14, "s") + "."),
+                 (_words(15, "t"), _words(15, "u"))],  # a run left at 15 words: dropped
+        "b.mo": [(_words(14, "x"), _words(14, "y")), (_words(20, "long"), "other German"),  # a duplicate: first kept
+                 (_words(2, "z"), _words(2, "zz"))],  # too short to be a piece
+    }
+    natural, joined = demo.long_pairs(catalogs, exclude={_words(8, "train")})
+    assert natural == [(_words(20, "long"), _words(22, "lang"))]
+    assert joined == [(_words(13, "p") + ". " + _words(14, "r") + ".", _words(13, "q") + ". " + _words(14, "s") + ".")]
+    assert all(16 <= len(en.split()) <= 40 for en, _ in natural + joined)
+
+
+def test_a_joined_run_never_passes_the_longest():
+    catalogs = {"a.mo": [(_words(15, "a"), "x " * 15), (_words(15, "b"), "y " * 15), (_words(15, "c"), "z " * 15)]}
+    _, joined = demo.long_pairs(catalogs, exclude=set())
+    assert [len(en.split()) for en, _ in joined] == [30]  # a + b; c alone stays under 16 words
+
+
+def test_split_long_is_disjoint_fixed_and_natural_first():
+    natural = [(f"n{i}", "") for i in range(5)]
+    joined = [(f"j{i}", "") for i in range(10)]
+    splits = demo.split_long(natural, joined, size=4)
+    assert len(splits["test_long"]) == len(splits["valid_long"]) == 4
+    chosen = splits["test_long"] + splits["valid_long"]
+    assert len(set(chosen)) == 8 and set(natural) <= set(chosen)  # every natural message before any joined one
+    assert demo.split_long(natural, joined, size=4) == splits  # fixed seeds
+    few = demo.split_long(natural[:3], [], size=4)  # too few: half each
+    assert len(few["test_long"]) == len(few["valid_long"]) == 1
+
+
+@needs_catalogs
+def test_the_long_split_is_long_and_no_model_trains_on_it(tmp_path):
+    demo.make_corpus(tmp_path, test_size=50)
+    sizes = demo.make_long(tmp_path, size=200)
+    assert sizes["test_long"][0] == sizes["valid_long"][0] == 200
+    raw = tmp_path / "raw"
+    ordinary = {line for split in ("train", "valid", "test") for line in (raw / f"{split}.en").read_text().splitlines()}
+    test_long, valid_long = ((raw / f"{split}.en").read_text().splitlines() for split in demo.LONG_SPLITS)
+    assert not (set(test_long) | set(valid_long)) & ordinary and not set(test_long) & set(valid_long)
+    lengths = [len(line.split()) for line in test_long + valid_long]
+    assert min(lengths) >= 16 and max(lengths) <= 40 and 18 <= sum(lengths) / len(lengths) <= 30  # WMT-like
+    for split in demo.LONG_SPLITS:
+        assert len((raw / f"{split}.de").read_text().splitlines()) == 200
+
+
+def test_prepare_continues_and_adds_the_long_split_to_an_older_work_dir(tmp_path, monkeypatch):
+    calls = []
+
+    def step(name, *outputs):
+        def run(work, *args, **kwargs):
+            calls.append(name)
+            for output in outputs:
+                (work / output).parent.mkdir(parents=True, exist_ok=True)
+                (work / output).write_text("")
+            return {}
+        return run
+    monkeypatch.setattr(demo, "make_corpus", step("corpus", "raw/test.de"))
+    monkeypatch.setattr(demo, "make_subwords", step("subwords", "data-bin/test.en-de.de.idx"))
+    monkeypatch.setattr(demo, "make_long", step("long", "raw/test_long.de"))
+    monkeypatch.setattr(demo, "make_long_subwords", step("long_subwords", "data-bin/test_long.en-de.de.idx"))
+    demo.prepare(tmp_path, 10, 100)
+    assert calls == ["corpus", "subwords", "long", "long_subwords"]
+    calls.clear()
+    assert demo.prepare(tmp_path, 10, 100) == "corpus and subwords: already built" and calls == []
+    (tmp_path / "raw/test_long.de").unlink()  # a work dir built before the long split: only it is made
+    (tmp_path / "data-bin/test_long.en-de.de.idx").unlink()
+    demo.prepare(tmp_path, 10, 100)
+    assert calls == ["long", "long_subwords"]
+
+
+def test_joined_pairs_use_each_training_pair_once_in_order():
+    pairs = [(_words(n, f"e{i}_"), _words(n, f"d{i}_")) for i, n in enumerate([5, 6, 7, 30, 12, 2, 3])]
+    joined = demo.joined_pairs(pairs)
+    # 5 + 6 + 7 = 18 words; 30 alone is over 16; 12 + 2 + 3 = 17
+    assert [len(en.split()) for en, _ in joined] == [18, 30, 17]
+    assert joined[0] == (demo._join([e for e, _ in pairs[:3]]), demo._join([d for _, d in pairs[:3]]))
+    restarted = demo.joined_pairs([(_words(15, "a"), "x"), (_words(30, "b"), "y"), (_words(2, "c"), "z")])
+    assert restarted == [(demo._join([_words(30, "b")]), "y.")]  # 15 + 30 > 40: the run restarts at the 30 words

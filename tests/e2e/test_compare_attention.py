@@ -27,7 +27,11 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     assert {10, 20} <= set(curve) and max(curve) == 20
     assert curve[20] < curve[10]  # it learns
     assert record["seconds_per_update"] > 0  # from an interval with no validation in it
-    assert 0 <= record["bleu"] <= 100 and len(record["hypotheses"]) == 20
+    references = (work / "raw/test.de").read_text().splitlines()
+    # the stored BLEU is sacreBLEU of the stored hypotheses, and the scorer gives the references themselves 100
+    assert len(record["hypotheses"]) == 20
+    assert record["bleu"] == attention_runs.score(record["hypotheses"], references)["bleu"]
+    assert attention_runs.score(references, references)["bleu"] == 100
     assert "20/20 updates" in capsys.readouterr().out  # the progress bar (a line per tenth off a tty)
     log = (work / "train.run.log").read_text()
     assert '"num_updates": "20"' in log and '"num_updates": "30"' not in log
@@ -43,7 +47,9 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     assert tuned["lenpen"] == 0.6 or tuned["valid_bleu"]["0.6"] < best  # the first of equals
     if tuned["lenpen"] == 2.0:
         assert (work / "generate.run.lp2.0.txt").is_file()
-    assert 0 <= tuned["bleu"] <= 100 and 0 < tuned["bp"] <= 1
+    assert 0 < tuned["bp"] <= 1
+    if tuned["lenpen"] == attention_runs.LENPEN:  # the default's translation again: the same score
+        assert tuned["bleu"] == record["bleu"]
     for lenpen in ("0.6", "2.0"):  # each candidate really translated the valid split with its --lenpen
         log = (work / f"generate.run.valid.lp{lenpen}.txt").read_text()
         assert f"'lenpen': {lenpen}" in log and "loaded 30 examples" in log

@@ -1,0 +1,155 @@
+"""scripts/compare_attention.py's length measures (scripts/attention_runs.py's length_profile and its parts) and
+their section of the report (scripts/compare_report.py), on hand-made translations: seconds, no model."""
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import attention_runs  # noqa: E402
+import compare_attention  # noqa: E402
+import compare_report  # noqa: E402
+
+
+@pytest.mark.parametrize("text, loops", [
+    ("puis puis puis puis", True),  # a token 4 times
+    ("puis puis puis", False),  # 3 times is not a loop
+    ("Datei puis puis puis puis nicht gefunden", True),  # anywhere in the sentence
+    ("a b a b a b a b", True),  # a bigram 4 times
+    ("a b a b a b a", False),  # 3.5 times
+    ("x a b c a b c a b c a b c", True),  # a trigram 4 times, after another word
+    ("a b c d a b c d a b c d a b c d", True),  # a 4-gram 4 times
+    ("a b c d e a b c d e a b c d e a b c d e", False),  # a 5-gram is beyond n <= 4
+    ("puis a puis b puis c puis d", False),  # often, but never in a row
+    ("die Datei wurde nicht gefunden", False),
+    ("", False),
+])
+def test_the_repetition_detector(text, loops):
+    assert attention_runs.repeats(text.split()) is loops
+
+
+@pytest.mark.parametrize("words, bucket", [(1, "≤5"), (5, "≤5"), (6, "6–15"), (15, "6–15"), (16, ">15"), (40, ">15")])
+def test_source_length_buckets(words, bucket):
+    assert attention_runs.bucket_of(words) == bucket
+
+
+def test_length_profile_on_hand_made_translations():
+    sources = ["one two three", "a b c d e f g", "a b c d e f g h", " ".join("w" * 3 for _ in range(20))]
+    references = ["eins zwei drei", "die Datei wurde nicht gefunden", "das Verzeichnis ist leer", "ein langer Satz"]
+    hypotheses = ["eins zwei drei",  # exact
+                  "die Datei wurde nicht gefunden",  # exact
+                  "das Verzeichnis ist ist ist ist leer",  # a loop, 7 words: not over 2 x 4
+                  "ein langer Satz puis puis puis puis"]  # a loop, 7 words > 2 x 3
+    profile = attention_runs.length_profile(hypotheses, references, sources)
+    assert {name: b["n"] for name, b in profile["buckets"].items()} == {"≤5": 1, "6–15": 2, ">15": 1}
+    assert profile["buckets"]["≤5"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(["eins zwei drei"],
+                                                                                  [["eins zwei drei"]]).score, abs=0.01)
+    middle = sacrebleu.corpus_bleu(hypotheses[1:3], [references[1:3]])  # the bucket's own corpus BLEU, not a mean
+    assert profile["buckets"]["6–15"]["bleu"] == pytest.approx(middle.score, abs=0.01)
+    assert profile["buckets"]["6–15"]["length_ratio"] == pytest.approx((5 + 7) / (5 + 4), abs=1e-4)
+    assert profile["buckets"][">15"]["length_ratio"] == pytest.approx(7 / 3, abs=1e-4)
+    assert profile["buckets"]["≤5"]["length_ratio"] == 1.0
+    assert profile["loops"] == 2 and profile["repetition_rate"] == 0.5 and profile["over_twice"] == 1
+
+
+def test_an_empty_bucket_has_no_bleu_and_mismatched_lists_stop():
+    profile = attention_runs.length_profile(["a b"], ["a b"], ["x y"])
+    assert profile["buckets"][">15"] == {"n": 0, "bleu": None, "length_ratio": None}
+    with pytest.raises(ValueError, match="2 hypotheses, 1 references"):
+        attention_runs.length_profile(["a", "b"], ["a"], ["x"])
+
+
+def _run(config, seed, bleu, test_profile, long_profile=None):
+    record = {"config": config, "seed": seed, "curve": [[10, 5.0]], "seconds_per_update": 0.1, "bleu": bleu,
+              "profile": test_profile}
+    if long_profile:
+        record["long"] = {"bleu": 10.0, "length_ratio": 1.5, "profile": long_profile}
+    return record
+
+
+def _profile(bleus, ratios, rate, over, n=100):
+    names = [name for name, _, _ in attention_runs.BUCKETS]
+    return {"buckets": {name: {"n": 0 if b is None else 10, "bleu": b, "length_ratio": r}
+                        for name, b, r in zip(names, bleus, ratios)},
+            "n": n, "loops": round(rate * n), "repetition_rate": rate, "over_twice": over}
+
+
+def test_the_report_shows_lengths_by_bucket_loops_and_the_long_split():
+    results = {"preset": "demo", "updates": 10, "cpu_count": 2, "torch": "x", "jobs": 1, "seeds": [1, 2],
+               "configs": {"softmax": {"kind": "softmax", "flags": []}, "delta": {"kind": "fast", "flags": []}},
+               "runs": [_run("softmax", 1, 20.0, _profile([30.0, 20.0, None], [0.9, 0.95, None], 0.0, 0)),
+                        _run("delta", 1, 21.0, _profile([31.0, 21.0, None], [0.9, 0.9, None], 0.02, 1),
+                             _profile([None, None, 8.0], [None, None, 1.9], 0.3, 40)),
+                        _run("delta", 2, 23.0, _profile([33.0, 23.0, None], [1.0, 1.0, None], 0.04, 3),
+                             _profile([None, None, 10.0], [None, None, 1.7], 0.1, 20))]}
+    text = compare_report.table(results)
+    assert "Lengths by source length" in text
+    # means over the two seeds: BLEU 32 / 22, length 0.95, loops 3 %, 2 over twice; no >15 sources in the test split
+    assert "| delta | test (10/10/0) | 32.00 | 22.00 | – | 0.950 | 0.950 | – | 3.0% | 2.0 of 100 |" in text
+    assert "| delta | test_long (0/0/10) | – | – | 9.00 | – | – | 1.800 | 20.0% | 30.0 of 100 |" in text
+    assert "| softmax | test (10/10/0) |" in text and "| softmax | test_long" not in text
+    assert "The long split as a whole (sacreBLEU, length ratio): delta 10.00 (1.500)." in text
+    for run in results["runs"]:  # results recorded before the lengths were measured: no section
+        del run["profile"]
+        run.pop("long", None)
+    assert "Lengths by source length" not in compare_report.table(results)
+
+
+def test_the_results_file_keeps_numbers_not_translations():
+    record = {"bleu": 1.0, "hypotheses": ["a"], "long": {"bleu": 2.0, "hypotheses": ["b"], "profile": {}}}
+    assert compare_attention.without_hypotheses(record) == {"bleu": 1.0, "long": {"bleu": 2.0, "profile": {}}}
+    assert record["long"]["hypotheses"] == ["b"]  # the record itself is not changed
+
+
+def test_the_base_preset_is_spelled_out():
+    """3+3 layers, 256 dim, 4 heads (d_key 64), FFN 512, warm-up 300: nothing left to the architecture's defaults."""
+    merges, arch, optim = compare_attention.PRESETS["base"]
+    flags = {flag: value for flag, value in zip(arch, arch[1:]) if flag.startswith("--")}
+    assert merges == 8000 and flags["--arch"] == "transformer_fw_small"
+    for side in ("encoder", "decoder"):
+        assert flags[f"--{side}-layers"] == "3" and flags[f"--{side}-embed-dim"] == "256"
+        assert flags[f"--{side}-attention-heads"] == "4" and flags[f"--{side}-ffn-embed-dim"] == "512"
+    assert optim[optim.index("--warmup-updates") + 1] == "300"
+    assert compare_attention.parse_args(["--preset", "base"]).preset == "base"
+    assert set(compare_attention.PRESETS) == {"demo", "base"}
+
+
+def test_measure_lengths_adds_the_long_split_to_stored_records_once(tmp_path, monkeypatch):
+    work = tmp_path
+    (work / "raw").mkdir()
+    (work / "runs").mkdir()
+    (work / "checkpoints/run").mkdir(parents=True)
+    (work / "checkpoints/run/checkpoint_last.pt").write_text("")
+    (work / "raw/test.en").write_text("open the file now\n")
+    (work / "raw/test.de").write_text("öffne die Datei jetzt\n")
+    long_source = " ".join(["word"] * 20)
+    (work / "raw/test_long.en").write_text(long_source + "\n")
+    (work / "raw/test_long.de").write_text("ein langer Satz\n")
+    (work / "runs/run.json").write_text('{"bleu": 50.0, "hypotheses": ["öffne die Datei jetzt"]}')
+    record = attention_runs.measure_lengths(work, "run")  # no long split in data-bin: the test profile only
+    assert record["profile"]["buckets"]["≤5"]["bleu"] == 100.0 and "long" not in record
+    (work / "data-bin").mkdir()
+    (work / "data-bin/test_long.en-de.de.idx").write_text("")
+    calls = []
+
+    def translate(data, checkpoint, out, subset="test", lenpen=0.6, threads=None, extra=()):
+        calls.append(subset)
+        return ["ein langer Satz puis puis puis puis"]
+    monkeypatch.setattr(attention_runs, "translate", translate)
+    record = attention_runs.measure_lengths(work, "run")
+    assert calls == ["test_long"]
+    assert record["long"]["profile"]["loops"] == 1 and record["long"]["profile"]["over_twice"] == 1
+    assert record["long"]["profile"]["buckets"][">15"]["n"] == 1 and record["long"]["length_ratio"] > 2
+    assert attention_runs.measure_lengths(work, "run") == record and calls == ["test_long"]  # stored: not again
+
+
+@pytest.mark.parametrize("pieces, span", [
+    ("a die die die die b".split(), (2, 5)),  # the repeating positions: from the second "die" on
+    ("x a b a b a b a b y".split(), (3, 9)),  # a bigram: from its second occurrence to the stretch's end
+    ("a b c d".split(), None),
+])
+def test_the_diagnosis_finds_where_a_loop_repeats(pieces, span):
+    import diagnose_loops
+    assert diagnose_loops.loop_span(pieces) == span
