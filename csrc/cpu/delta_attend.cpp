@@ -1,5 +1,5 @@
 // The delta rule's read of a short sequence from the raw heads, for the maps with a row form (map_rows.h;
-// fw_fairseq/ops/feature_attend.py; attend_heads.h is what it shares with the sum rule's read): causal, one chunk of
+// fw_fairseq/ops/rules/delta/short_read.py; attend_heads.h is what it shares with the sum rule's read): causal, one chunk of
 // chunked_delta with no state (README §2), or not (fast_weight_attend's short order: every query reads the memory
 // after the last write).
 //

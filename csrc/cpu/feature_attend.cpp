@@ -1,5 +1,5 @@
 // The sum rule's read of a short sequence from the raw heads, for the maps with a row form (map_rows.h: DPFP-nu, ELU+1,
-// Hedgehog, FAVOR+; fw_fairseq/ops/feature_attend.py; what it shares with the delta rule's, delta_attend.cpp, is
+// Hedgehog, FAVOR+; fw_fairseq/ops/rules/sum/short_read.py; what it shares with the delta rule's, delta_attend.cpp, is
 // attend_heads.h).
 //
 // Per head, P = mask(phi(q) phi(k)^T) [Tq, T] (mask: s <= t where causal), s_t = sum_s P_ts + eps and A = P / s, so
