@@ -296,9 +296,9 @@ def make_joined_train(work, source, what="corpus"):
     return {"train": len(train) + len(joined), "joined": len(joined)}
 
 
-def prepare(work, test_size, merges, what="corpus"):
-    """Corpus and subwords under `work` with the long split beside them, skipping what a previous run finished;
-    returns a status line."""
+def prepare(work, test_size, merges, what="corpus", long_split=True):
+    """Corpus and subwords under `work`, with the long split beside them unless `long_split` is False, skipping
+    what a previous run finished; returns a status line."""
     work.mkdir(parents=True, exist_ok=True)
     status = "corpus and subwords: already built"
     if not (work / "raw/test.de").exists():
@@ -307,6 +307,8 @@ def prepare(work, test_size, merges, what="corpus"):
     if not (work / "data-bin/test.en-de.de.idx").exists():  # preprocess writes it last
         make_subwords(work, merges, what)
         status += f"; sacremoses + {merges} joint BPE merges, fairseq-preprocess done"
+    if not long_split:
+        return status
     if not (work / "raw/test_long.de").exists():
         sizes = make_long(work, test_size, what)
         status += "; long split (pairs, of them joined): " + ", ".join(f"{k} {v}" for k, v in sizes.items())
