@@ -6,7 +6,7 @@
 Configurations (CONFIGS): softmax (--fw-attention none); dpfp2_sum, the shipped default (DPFP-2, the sum rule,
 encoder convolution 3); dpfp2_delta_dec, the shipped delta configuration (the delta rule in the decoder's
 self-attention, L2-normalised phi); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight flags its config
-file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/train.sh. Every configuration gets the same data, seed,
+file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh. Every configuration gets the same data, seed,
 batches and training flags besides those.
 
 On generated parallel data (10..50 tokens a sentence, a 2,000-word vocabulary, the target a fixed word mapping of
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "benchmarks" / "fairseq_run.py"
 TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-# scripts/compare_attention.py's rows dpfp2-sum-vconv3 and dpfp2-delta-dec-l2-vconv3 (the shipped defaults;
+# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 and dpfp2-delta-dec-l2-vconv3 (the shipped defaults;
 # tests/scripts/test_bench_fused_read.py checks that they stay the same)
 SHIPPED = {"softmax": ["--fw-attention", "none"],
            "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3"],
@@ -58,7 +58,7 @@ GENERATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([
 
 
 def config_flags(config=TABLE1_CONFIG):
-    """The FW_ARGS a Table 1 config file gives scripts/train.sh, read by bash as train.sh sources it."""
+    """The FW_ARGS a Table 1 config file gives scripts/wmt14/train.sh, read by bash as train.sh sources it."""
     script = 'source "$1"; FW_ARGS=(); source "$2"; printf "%s\\0" "${FW_ARGS[@]}"'
     out = subprocess.run(["bash", "-c", script, "config_flags", str(config.parent / "common.sh"), str(config)],
                          capture_output=True, text=True, check=True).stdout

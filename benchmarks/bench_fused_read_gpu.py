@@ -36,23 +36,10 @@ from pathlib import Path
 
 import torch
 
+from fw_fairseq.experiments.fused_read_cases import (CASES, DTYPES, NORM, QUICK, RULE_CASES, in_layout, leaves,
+                                                     make_inputs, seq_first)
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-# name -> batch B, heads H, length T, head width d (= value width M), DPFP's nu (E = 2 d nu), dtype
-CASES = {
-    "mt": dict(B=125, H=16, T=32, d=64, nu=2, dtype="bf16"),  # a translation batch: B H = 2000, DPFP-2 (E = 256)
-    "t256": dict(B=16, H=16, T=256, d=64, nu=2, dtype="bf16"),  # the fused read's longest sequence, B H = 256
-    "mt_fp32": dict(B=125, H=16, T=32, d=64, nu=2, dtype="fp32"),  # fla's chunked kernel refuses fp32
-    "mt_e512": dict(B=125, H=16, T=32, d=64, nu=4, dtype="bf16"),  # DPFP-4: E = 512, past fla's chunked limit
-    "t64": dict(B=64, H=16, T=64, d=64, nu=2, dtype="bf16"),
-    "t128": dict(B=32, H=16, T=128, d=64, nu=2, dtype="bf16"),
-    "t256_e512": dict(B=16, H=16, T=256, d=64, nu=4, dtype="bf16"),
-    "tiny": dict(B=1, H=2, T=8, d=8, nu=2, dtype="fp64"),  # the CPU smoke run (under TRITON_INTERPRET=1)
-}
-QUICK = ["mt", "t256", "mt_fp32", "mt_e512"]
-RULE_CASES = [("sum", False), ("sum", True), ("delta", True)]
-NORM = {"sum": None, "delta": "l2"}
 TOLERANCE = {"bf16": 5e-2, "fp16": 5e-2, "fp32": 1e-3, "fp64": 1e-9}  # max relative error, output and gradients
 
 
@@ -62,11 +49,6 @@ def optional(module, name):
         return getattr(importlib.import_module(module), name), None
     except Exception as err:  # ImportError, or a package that fails on import: record it, go on
         return None, f"not available: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
-
-
-def seq_first(x):
-    """[B, H, T, *] or [B, H, T] -> fla's [B, T, H, *] or [B, T, H]."""
-    return x.transpose(1, 2).contiguous()
 
 
 def features(phi, x, is_query, norm):
@@ -105,26 +87,6 @@ def method(name, phi, rule, causal, norm, dtype):
     def run(q, k, v, beta):
         return fn(features(phi, q, True, norm), features(phi, k, False, norm), v, beta, scale=1.0, **extra)[0]
     return run, "seq"
-
-
-def make_inputs(case, device, seed=0):
-    """Head-first float32 leaves' values: q, k, v [B, H, T, d], beta [B, H, T] in (0, 1)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    shape = (case["B"], case["H"], case["T"], case["d"])
-    q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
-    beta = torch.sigmoid(torch.randn(shape[:3], generator=g))
-    return [x.to(device) for x in (q, k, v, beta)]
-
-
-def leaves(values, rule, layout, dtype):
-    """The method's inputs (requiring grad) in its layout and dtype: q, k, v and the rule's scalars."""
-    xs = values[:3] + values[3:3 + len(RULES[rule].scalars)]
-    return [in_layout(x, layout).to(dtype).detach().requires_grad_() for x in xs]
-
-
-def in_layout(x, layout):
-    """A head-first [B, H, T, *] or [B, H, T] tensor in a method's layout."""
-    return seq_first(x) if layout == "seq" else x
 
 
 def head_first(x, layout):

@@ -13,18 +13,15 @@ comparable only from the same machine and moment). Prints a Markdown table; --ou
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ops_cpu import machine_info  # noqa: E402
-
-from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel  # noqa: E402
-from fw_fairseq.ops.maps.favor_function import orthogonal_gaussian  # noqa: E402
-from fw_fairseq.ops.common.z_column import Z_EPS  # noqa: E402
+from bench_ops_cpu import machine_info  # run as a script: its folder, benchmarks/, is on the path
+from fw_fairseq.ops.common.z_column import Z_EPS
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.maps.favor_function import orthogonal_gaussian
 
 NU = {"dpfp": 2}  # the maps' nu (DPFP-2, d_dot 256); FAVOR+'s m is --favor-features (128: d_dot 256)
 

@@ -1,6 +1,7 @@
 """Seconds per training update on CPU: fast-weight models against softmax, side by side in one process.
 
-Builds the attention comparison's models (scripts/compare_attention.py's `demo` preset and rows) through
+Builds the attention comparison's models (fw_fairseq/experiments/attention_configs.py: the
+`demo` preset and rows of scripts/demo/compare_attention.py) through
 fairseq's real parser, task and criterion on the catalog corpus (built under --work-dir if missing), and
 times full updates (forward, label-smoothed loss, backward, Adam step) on the same real batches. The
 models take turns batch by batch, so a change in the machine's load falls on all of them alike; each
@@ -15,20 +16,18 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from fairseq import options, tasks
+
+import fw_fairseq  # noqa: F401  (registers the models)
+from fw_fairseq.experiments import catalog_corpus
+from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, model_flags
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import catalog_corpus  # noqa: E402
-from compare_attention import CONFIGS, PRESETS, model_flags  # noqa: E402
-
-from fairseq import options, tasks  # noqa: E402
-
-import fw_fairseq  # noqa: E402,F401  (registers the models)
 
 DEFAULT_ROWS = ["softmax", "elu-sum", "dpfp2-sum", "dpfp2-delta-dec-l2"]
 

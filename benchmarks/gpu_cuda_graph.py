@@ -6,7 +6,7 @@ the graph's pool or keeps a Python-side decision that depends on tensor values f
 Then, per rule, torch.compile(fullgraph=True) of a causal layer training on the kernels (forward and
 backward through the custom ops of the rules' chunked.py and fw_fairseq/ops/kernels/cuda_ops.py, first call compiled: the dispatch
 imports the extension while dynamo traces) must equal eager.
-Run by scripts/gpu_check.sh (step cuda_graph); exits 1 if any case fails.
+Run by tools/gpu_node/gpu_check.sh (step cuda_graph); exits 1 if any case fails.
 
     python benchmarks/gpu_cuda_graph.py            # on a CUDA machine
     python benchmarks/gpu_cuda_graph.py --dry-run  # the same cases on the CPU, re-running the step

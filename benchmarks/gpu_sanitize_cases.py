@@ -1,4 +1,4 @@
-"""Every compiled kernel once on small shapes, for compute-sanitizer (scripts/gpu_check.sh runs it under
+"""Every compiled kernel once on small shapes, for compute-sanitizer (tools/gpu_node/gpu_check.sh runs it under
 memcheck and racecheck). Not a benchmark and not a parity test (tests/cuda does that): it launches each
 kernel instantiation the launchers pick (all column tiers by E, all row tiers by M, the step kernel's
 block shapes, every dtype) so the sanitizer sees every one of them touch memory.

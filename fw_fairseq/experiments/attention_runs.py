@@ -5,7 +5,7 @@ translations (length_profile: BLEU and length by source length, repetition loops
 reference) on the test split and on the long split (test_long) where the work directory has one.
 
 A fixed number of updates (not a time budget) makes the result the same on a slow or busy machine as on
-a quiet one: only the wall time changes. Used by scripts/compare_attention.py and scripts/demo.py.
+a quiet one: only the wall time changes. Used by scripts/demo/compare_attention.py and scripts/demo/demo.py.
 """
 import json
 import os
@@ -19,7 +19,7 @@ import sacrebleu
 from sacremoses import MosesDetokenizer
 
 BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BAR = 30  # characters of the progress bar
 
 

@@ -1,8 +1,8 @@
 """English -> German parallel text from the machine's German gettext catalogs, made ready for fairseq.
 
 Every Debian machine carries real translations under /usr/share/locale/de/LC_MESSAGES (English msgid ->
-German msgstr). Shared by the demo (scripts/demo.py) and the attention comparison
-(scripts/compare_attention.py):
+German msgstr). Shared by the demo (scripts/demo/demo.py) and the attention comparison
+(scripts/demo/compare_attention.py):
 
   make_corpus    pairs from the .mo files, deduplicated, shuffled with a fixed seed, split into
                  test / valid / train (raw/{split}.{en,de})

@@ -28,7 +28,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY
 from fw_fairseq.modules.fast_weight_config import add_fast_weight_args
 from fw_fairseq.modules.flag_table import FLAGS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
@@ -128,7 +128,7 @@ def main(argv):
         fw = [arg for flag in FLAGS if getattr(args, flag.attr) is not None
               for arg in (flag.name, str(int(getattr(args, flag.attr))) if isinstance(getattr(args, flag.attr), bool)
                           else str(getattr(args, flag.attr)))]
-        run([sys.executable, REPO / "scripts" / "convert_softmax.py", "--from", args.teacher,
+        run([sys.executable, Path(__file__).with_name("convert_softmax.py"), "--from", args.teacher,
              "--to", converted, "--data", args.data, *fw], args.work_dir / "convert.log")
     model = model_flags(torch.load(converted, map_location="cpu", weights_only=False)["cfg"]["model"])
     train(args, model, converted, args.work_dir / "distil", args.distil_updates, "distil")

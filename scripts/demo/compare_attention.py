@@ -5,13 +5,13 @@ Every configuration trains the same model for the same number of updates with th
 and is scored with detokenised sacreBLEU. The ranking is therefore the same on a slow or busy machine as
 on a quiet one; only the wall time, reported per update beside it, depends on the machine.
 Each model also translates the long split (test_long: catalog messages of 16-40 words, none trained on;
-scripts/catalog_corpus.py), and the report gives, for the test and the long split, BLEU and the length ratio
+fw_fairseq/experiments/catalog_corpus.py), and the report gives, for the test and the long split, BLEU and the length ratio
 by source length (<= 5, 6-15, > 15 words), the share of translations that loop (a token or an n-gram of up to
 4 repeated 4 times in a row) and the number over twice their reference's length.
 
-    python scripts/compare_attention.py [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
-    python scripts/compare_attention.py --report-only   # table and plot again from the stored results
-    python scripts/compare_attention.py --train-joined  # train on the training split plus its pairs joined into
+    python scripts/demo/compare_attention.py [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
+    python scripts/demo/compare_attention.py --report-only   # table and plot again from the stored results
+    python scripts/demo/compare_attention.py --train-joined  # train on the training split plus its pairs joined into
                                                         # long messages (same dictionary and test splits)
 
 Writes results/compare_attention/{preset}_u{updates}.json (every run: curve, BLEU, lengths, seconds per update),
@@ -28,109 +28,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attention_runs  # noqa: E402
-import catalog_corpus  # noqa: E402
-import compare_report  # noqa: E402
+import compare_report
+from fw_fairseq.experiments import attention_runs, catalog_corpus
+from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, model_flags
 
-REPO = Path(__file__).resolve().parents[1]
-DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
-# name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
-# (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
-# only, where decoding cost grows with the output).
-CONFIGS = {
-    "softmax": ("softmax", ["--fw-attention", "none"]),
-    "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *NO_CONV]),
-    "dpfp2-sum": ("fast", [*DPFP2, "--fw-update-rule", "sum", *NO_CONV]),
-    # the paper's delta rule (sum-normalised phi) in every block
-    "dpfp2-delta-all": ("fast", [*DPFP2, "--fw-update-rule", "delta", *NO_CONV]),
-    # the delta rule where the paper derives it, the causal decoder; the sum rule over the source
-    "dpfp2-delta-dec": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", *NO_CONV]),
-    "dpfp2-delta-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                    "--fw-delta-norm", "l2", *NO_CONV]),
-    "dpfp2-delta-all-l2": ("fast", [*DPFP2, "--fw-update-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
-    "dpfp2-delta-dec-l2-b2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                       "--fw-delta-norm", "l2", "--fw-beta-bias", "2", *NO_CONV]),
-    "elu-delta-dec-l2": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                  "--fw-delta-norm", "l2", *NO_CONV]),
-    "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
-                                    "--fw-delta-norm", "l2", *NO_CONV]),
-    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
-                           *NO_CONV]),
-    # FAVOR+ with the random features drawn once, not every training forward (the paper)
-    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
-                                 *NO_CONV]),
-    # the wider DPFP of configs/wmt14_en_de/dpfp_nu4{,_delta}.sh (d_dot 512)
-    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum", *NO_CONV]),
-    "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",
-                                    "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
-    # the learning rate the fast-weight models were proposed to need, and softmax's at the same
-    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3", *NO_CONV]),
-    "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
-    # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
-    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
-                                       *NO_CONV]),
-    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross", *NO_CONV]),
-    # the gap in the non-causal blocks' read: an output gate (beyond the paper), Hedgehog's exp feature map
-    "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel", *NO_CONV]),
-    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel",
-                              *NO_CONV]),
-    "dpfp2-delta-dec-l2-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                         "--fw-delta-norm", "l2", "--fw-output-gate", "channel", *NO_CONV]),
-    "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head", *NO_CONV]),
-    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *NO_CONV]),
-    "hedgehog-delta-dec-l2": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                       "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
-    "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                   "--fw-output-gate", "channel", *NO_CONV]),
-    "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
-                                   "--fw-delta-norm", "l2", *NO_CONV]),
-    # --fw-encoder-conv (beyond the paper; the translation models' default 3 since it was measured): the
-    # encoder's read plus a depthwise convolution of its values; the rows above were measured before it, at 0
-    "dpfp2-sum-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3]),
-    "dpfp2-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                           "--fw-delta-norm", "l2", *CONV3]),
-    # the delta configuration with the paper's sum-normalised phi instead of L2 (docs/long_outputs.md): a write
-    # changes its key's slot by beta ||phi(k)||^2 of the difference, so repeated writes of one pair keep adding
-    "dpfp2-delta-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                        "--fw-delta-norm", "sum", *CONV3]),
-    "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
-    "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
-    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
-                                  *CONV3]),
-    "favor-sum-fixed-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw",
-                                        "never", *CONV3]),
-    "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
-                                              *CONV3]),
-}
-TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
-         "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--dropout", "0.1"]
-# preset -> (BPE merges, architecture flags, optimiser flags), every dimension spelled out (not left to the
-# architecture's defaults). `demo` is the demo's model (2+2 layers, 128 dim, 2 heads: d_key 64, FFN 512,
-# 2k BPE), about 0.2 s per update on 2 cores; `base` is transformer_fw_small's depth, width and heads with
-# half its FFN (3+3 layers, 256 dim, 4 heads: d_key 64, FFN 512, 8k BPE, warm-up 300), about ten times slower.
-PRESETS = {
-    "demo": (2000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
-                    "--encoder-layers", "2", "--decoder-layers", "2",
-                    "--encoder-embed-dim", "128", "--decoder-embed-dim", "128",
-                    "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
-                    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"],
-             ["--lr", "2e-3", "--warmup-updates", "200", "--max-tokens", "2048"]),
-    "base": (8000, ["--arch", "transformer_fw_small", "--share-all-embeddings",
-                    "--encoder-layers", "3", "--decoder-layers", "3",
-                    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-                    "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
-                    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
-             ["--lr", "1e-3", "--warmup-updates", "300", "--max-tokens", "4096"]),
-}
-
-
-def model_flags(preset, config, seed):
-    merges, arch, optim = PRESETS[preset]
-    # a configuration's flags come last: they may override the preset's (argparse: the last one wins)
-    return [*arch, *TRAIN, *optim, *CONFIGS[config][1], "--seed", str(seed)]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def without_hypotheses(record):

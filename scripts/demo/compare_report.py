@@ -2,7 +2,7 @@
 
 Each configuration's numbers are means over its seeds; its BLEU ratio is taken against softmax's mean over
 the same seeds (paired: rows run with fewer seeds are not compared with a mean of more), from the same
-file (same preset and updates). Used by scripts/compare_attention.py, also with --report-only.
+file (same preset and updates). Used by scripts/demo/compare_attention.py, also with --report-only.
 """
 import statistics
 from pathlib import Path

@@ -14,24 +14,22 @@ The demo runs the same pipeline as the WMT14 scripts, end to end:
 
 A fixed number of updates, not a time budget: a slow or busy machine takes longer and prints the
 same BLEU. Finished steps are skipped when re-run (delete --work-dir to start over).
-The models are scripts/compare_attention.py's rows of the same names (its `demo` preset).
+The models are the attention comparison's rows of the same names (fw_fairseq/experiments/attention_configs.py,
+its `demo` preset).
 
-    python scripts/demo.py [--updates 600] [--work-dir demo_work]
+    python scripts/demo/demo.py [--updates 600] [--work-dir demo_work]
 """
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attention_runs  # noqa: E402
-import catalog_corpus  # noqa: E402
-import compare_attention  # noqa: E402
-import compare_report  # noqa: E402
+import compare_report
+from fw_fairseq.experiments import attention_runs, catalog_corpus
+from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, model_flags
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-l2-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
 STEPS = 4
 
@@ -49,7 +47,7 @@ def main():
     if args.updates < 10:
         parser.error(f"argument --updates: {args.updates} is too few; allowed: an integer >= 10")
     work, start = args.work_dir, time.time()
-    merges = compare_attention.PRESETS["demo"][0]
+    merges = PRESETS["demo"][0]
     say(1, catalog_corpus.prepare(work, args.test_size, merges, what="demo"))
     say(2, f"subwords: sacremoses + {merges} joint BPE merges, fairseq-preprocess done")
 
@@ -59,14 +57,14 @@ def main():
     for name in MODELS:
         say(3, f"training {name}, {args.updates} updates (log: {work / f'train.{name}.u{args.updates}.log'})")
         records[name] = attention_runs.train_and_score(
-            work, f"{name}.u{args.updates}", compare_attention.model_flags("demo", name, seed=1),
+            work, f"{name}.u{args.updates}", model_flags("demo", name, seed=1),
             args.updates, max(1, args.updates // 10), label=name)
         say(4, f"{name}: test BLEU {records[name]['bleu']:.2f}")
 
     results = {"preset": "demo", "updates": args.updates, "seeds": [1], "jobs": 1, "cpu_count": torch.get_num_threads(),
                "torch": torch.__version__,
-               "configs": {name: {"kind": compare_attention.CONFIGS[name][0],
-                                  "flags": compare_attention.CONFIGS[name][1]} for name in MODELS},
+               "configs": {name: {"kind": CONFIGS[name][0],
+                                  "flags": CONFIGS[name][1]} for name in MODELS},
                "runs": [{"config": name, "seed": 1, **records[name]} for name in MODELS]}
     stem = work / f"demo_u{args.updates}"
     print(f"\nEnglish -> German, {len(references)} held-out catalog messages, beam 4, sacrebleu")

@@ -3,7 +3,7 @@ float64, and what the decoder's fast-weight self-attention reads over the repeat
 
 For each checkpoint (a compare_attention run, e.g. the sum and the delta configuration), in one process:
 
-  generate   beam search as scripts/attention_runs.translate (beam 4, --lenpen 0.6, max length 1.2 x source + 10)
+  generate   beam search as fw_fairseq/experiments/attention_runs.translate (beam 4, --lenpen 0.6, max length 1.2 x source + 10)
              on a split (default test_long), in float32 and with the model cast to float64; the looping hypotheses
              (attention_runs.repeats on the detokenised text) of each
   score      (a) the model's log-probability of the reference and of the looping hypothesis under teacher forcing,
@@ -16,7 +16,7 @@ For each checkpoint (a compare_attention run, e.g. the sum and the delta configu
              z . phi(q), and the share of the read that the positions before the loop still carry; loop steps
              (inside the repeated stretch) against the steps before it
 
-    python scripts/diagnose_loops.py --work-dir /tmp/loops/demo --runs dpfp2-sum-vconv3.s1.u600 \\
+    python scripts/demo/diagnose_loops.py --work-dir /tmp/loops/demo --runs dpfp2-sum-vconv3.s1.u600 \\
         dpfp2-delta-dec-l2-vconv3.s1.u600 [--subset test_long] [--limit N] [--json out.json]
 
 Prints a summary per run and writes every number to --json.
@@ -24,17 +24,16 @@ Prints a summary per run and writes every number to --json.
 import argparse
 import json
 import statistics
-import sys
 import time
 from argparse import Namespace
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attention_runs  # noqa: E402
-from loop_reads import analyse_reads, mean_layers, teacher_forced  # noqa: E402
+from fw_fairseq.experiments import attention_runs
+from loop_reads import analyse_reads, mean_layers, teacher_forced
+
+REPO = Path(__file__).resolve().parents[2]
 
 LENPEN, BEAM, MAX_LEN_A, MAX_LEN_B = attention_runs.LENPEN, 4, 1.2, 10
 

@@ -14,7 +14,7 @@ a fixed few minutes each on 2 CPU cores and are compared side by side:
   4. score    fairseq-eval-lm on the test split (perplexity per character) and a sampled text
               from fairseq-interactive
 
-    python scripts/lm_demo.py [--minutes 3.5] [--work-dir lm_demo_work]
+    python scripts/demo/lm_demo.py [--minutes 3.5] [--work-dir lm_demo_work]
 """
 import argparse
 import json
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LICENSES = Path("/usr/share/common-licenses")
 SPACE = "\u2581"

@@ -1,4 +1,4 @@
-"""What the decoder's fast-weight self-attention reads over a teacher-forced translation (scripts/diagnose_loops.py's
+"""What the decoder's fast-weight self-attention reads over a teacher-forced translation (scripts/demo/diagnose_loops.py's
 (c, d)): each layer's read recomputed in float64 from its projections, checked against the layer's own output, and
 per step the write strength beta, the cosines of consecutive keys, of query and key, of consecutive reads and of the
 read with the value, the sum rule's normaliser and the share of the read the earlier positions carry.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Synthetic associative retrieval, settings 1 and 2 of the paper (§6.1, Figures 2 and 3).
 
-    python scripts/synthetic_retrieval.py --setting 1 2 --quick        # ~15 min on 2 CPU cores
-    python scripts/synthetic_retrieval.py --setting 1 --full --device cuda
+    python scripts/synthetic/synthetic_retrieval.py --setting 1 2 --quick        # ~15 min on 2 CPU cores
+    python scripts/synthetic/synthetic_retrieval.py --setting 1 --full --device cuda
 
 Writes <out>/setting{N}_{mode}.{json,csv} after every finished (model, S) cell and skips the cells
 already there, so an interrupted run resumes where it stopped. Then draws

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Average the model weights of several fairseq checkpoints (fairseq-fixed ships no scripts/).
 
-    scripts/average_checkpoints.py --inputs SAVE_DIR --num-epoch-checkpoints 5 --output avg.pt
-    scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
+    scripts/wmt14/average_checkpoints.py --inputs SAVE_DIR --num-epoch-checkpoints 5 --output avg.pt
+    scripts/wmt14/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 Floating-point tensors are averaged (in float64, stored back in their own dtype). As in
 fairseq's script, the first input (with -n: the newest epoch) is the base: integer tensors

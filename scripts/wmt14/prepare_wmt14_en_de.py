@@ -32,7 +32,7 @@ from pathlib import Path
 import wmt_download as dl
 import wmt_text as text
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LANGS = ("en", "de")
 TRAIN_CORPORA = ("europarl-v7", "commoncrawl", "news-commentary-v9")
 

@@ -3,7 +3,7 @@
 
 Each cell reads "ours (paper)". The row and d_dot column of a result come from its config
 file (TABLE1_ROW, TABLE1_DDOT in configs/wmt14_en_de/<config>.sh), the score from the JSON
-that scripts/evaluate.sh wrote; by default only checkpoint_best.pt results count, as the
+that scripts/wmt14/evaluate.sh wrote; by default only checkpoint_best.pt results count, as the
 paper selects by validation BLEU and does not average.
 """
 import argparse
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DDOTS = (64, 256, 512)
 SUBSETS = ("valid", "test")
 ROW_ORDER = ("Standard", "Linear", "Performer", "DPFP", "DPFP + delta")

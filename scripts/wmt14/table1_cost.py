@@ -1,4 +1,4 @@
-"""What a Table 1 row costs: the GPU-hours expected before it starts (scripts/table1_run.py --dry-run), from
+"""What a Table 1 row costs: the GPU-hours expected before it starts (scripts/wmt14/table1_run.py --dry-run), from
 measured training speed, and the wall time and GPU-hours it took (its trained.json marker).
 
 Expected GPU-hours = epochs x target tokens per epoch / (train words/s of one GPU) / 3600, where:
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MEASURED = REPO / "benchmarks/results/gpu_h200_2026-11-26/fairseq/bench_fairseq.json"
 EPOCHS = 45  # configs/wmt14_en_de/common.sh --max-epoch
 ASSUMED_TOKENS = 4.5e6 * 31

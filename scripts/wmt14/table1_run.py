@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The paper's Table 1 (WMT14 En-De) in one command: every row trained, scored and tabled beside the paper.
 
-    scripts/table1.sh --dry-run                          # every command, the disk space, the expected GPU-hours
-    scripts/table1.sh --gpus 3                           # every row, one after another, 3 GPUs each (the paper's)
-    scripts/table1.sh --gpus 6 --rows dpfp_nu2,linear    # two rows side by side, 3 GPUs each
+    scripts/wmt14/table1.sh --dry-run                          # every command, the disk space, the expected GPU-hours
+    scripts/wmt14/table1.sh --gpus 3                           # every row, one after another, 3 GPUs each (the paper's)
+    scripts/wmt14/table1.sh --gpus 6 --rows dpfp_nu2,linear    # two rows side by side, 3 GPUs each
 
-Steps: the data (scripts/prepare_wmt14_en_de.py) where DATA_BIN holds none; for each row (a config of
-configs/wmt14_en_de/ that names its Table 1 cell) scripts/train.sh, which resumes from checkpoint_last.pt, then
-scripts/evaluate.sh on valid and test with checkpoint_best.pt (selected by validation BLEU during training, as the
-paper did: no averaging); last the table (scripts/table1.py) in both metrics with each row's wall time and
+Steps: the data (scripts/wmt14/prepare_wmt14_en_de.py) where DATA_BIN holds none; for each row (a config of
+configs/wmt14_en_de/ that names its Table 1 cell) scripts/wmt14/train.sh, which resumes from checkpoint_last.pt, then
+scripts/wmt14/evaluate.sh on valid and test with checkpoint_best.pt (selected by validation BLEU during training, as the
+paper did: no averaging); last the table (scripts/wmt14/table1.py) in both metrics with each row's wall time and
 GPU-hours, printed and written to RESULTS_DIR/table1.md. A row whose training finished (its marker
 SAVE_ROOT/<row>/trained.json) is not trained again, a score already written is not computed again: re-running the
 same command continues where it stopped. Rows run side by side where --gpus holds more than one row's
@@ -29,8 +29,8 @@ from pathlib import Path
 import table1
 import table1_cost
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent  # train.sh, evaluate.sh, prepare_wmt14_en_de.py
 CONFIGS = REPO / "configs" / "wmt14_en_de"
 WORK = REPO / "work"
 PAPER_BATCHES_PER_UPDATE = 48  # configs/wmt14_en_de/common.sh: 3 GPUs x 16 accumulated batches

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train one WMT14 En-De model of the paper's Table 1.
 #
-#   scripts/train.sh CONFIG [extra fairseq-train args]
+#   scripts/wmt14/train.sh CONFIG [extra fairseq-train args]
 #
 # CONFIG is a file of configs/wmt14_en_de/ (by path, or by name such as dpfp_nu2). The shared
 # recipe (configs/wmt14_en_de/common.sh) comes first, then the config's FW_ARGS, then the
@@ -11,10 +11,10 @@
 # Environment: DATA_BIN, SAVE_ROOT (see common.sh).
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 die() { echo "train.sh: $*" >&2; exit 1; }
 
-[[ $# -ge 1 ]] || die "usage: scripts/train.sh CONFIG [extra fairseq-train args]"
+[[ $# -ge 1 ]] || die "usage: scripts/wmt14/train.sh CONFIG [extra fairseq-train args]"
 config=$1
 shift
 [[ -f $config ]] || config=$REPO/configs/wmt14_en_de/$config.sh
@@ -29,7 +29,7 @@ source "$config"
 [[ -x $REPO/.venv/bin/fairseq-train ]] && PATH=$REPO/.venv/bin:$PATH
 command -v fairseq-train >/dev/null || die "fairseq-train not found: run make setup"
 [[ -f $DATA_BIN/wmt_prep.json ]] ||
-  die "no prepared data in $DATA_BIN: run scripts/prepare_wmt14_en_de.py (or set DATA_BIN)"
+  die "no prepared data in $DATA_BIN: run scripts/wmt14/prepare_wmt14_en_de.py (or set DATA_BIN)"
 
 # --eval-bleu must undo the subword split the data was made with (BPE or sentencepiece).
 remove_bpe=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["remove_bpe"])' \

@@ -1,6 +1,6 @@
 """Build fast-transformers' causal dot product (the peer's sum-rule kernel) from its sdist into a folder.
 
-    python3 scripts/gpu_build_peer.py gpu_kit/pytorch-fast-transformers-0.4.0.tar.gz .gpu_site
+    python3 tools/gpu_node/gpu_build_peer.py gpu_kit/pytorch-fast-transformers-0.4.0.tar.gz .gpu_site
 
 Only `fast_transformers.causal_product` is built: its setup.py compiles every CUDA extension with
 `-arch=compute_50`, which CUDA 13's nvcc no longer accepts, and the benchmark needs none of the others.

@@ -1,20 +1,20 @@
-"""The GPU check on an offline node (run through scripts/gpu_check.sh): install the kit, build, check, time.
+"""The GPU check on an offline node (run through tools/gpu_node/gpu_check.sh): install the kit, build, check, time.
 
-    scripts/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
-    scripts/gpu_check.sh --part kernels --out $OUT                      # kit, extension, fused read, sanitizers, tests/cuda, ops
-    scripts/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph step, end-to-end timing
-    scripts/gpu_check.sh --dry-run                                      # print the plan, run nothing
+    tools/gpu_node/gpu_check.sh --kit ../gpu_kit --out gpu_check_out          # everything (about 12 min on an H100)
+    tools/gpu_node/gpu_check.sh --part kernels --out $OUT                      # kit, extension, fused read, sanitizers, tests/cuda, ops
+    tools/gpu_node/gpu_check.sh --part fairseq --out $OUT                      # kit, fairseq build, CUDA-graph step, end-to-end timing
+    tools/gpu_node/gpu_check.sh --dry-run                                      # print the plan, run nothing
 
 Each step runs in its own process under a time limit taken from what is left of --budget-s; a failing or
 timed-out step is recorded and the next one runs. The output folder gets check.json (machine, versions,
 every step's status, time and log tail), logs.txt (every step's full output), the benchmarks' JSON files
-and summary.md (scripts/gpu_summary.py), at most 8 files so that a remote run can return all of them.
+and summary.md (tools/gpu_node/gpu_summary.py), at most 8 files so that a remote run can return all of them.
 Builds go to ignored folders of the checkout (.gpu_site/ for the kit and fairseq, fw_fairseq/_cuda*.so),
 stamped with what they were built from, so a second part on the same machine skips them; where the kit holds
-the same build made beforehand (scripts/gpu_prebuilt.py: same files, torch, Python and GPU), it is unpacked
+the same build made beforehand (tools/gpu_node/gpu_prebuilt.py: same files, torch, Python and GPU), it is unpacked
 and imported instead ("prebuilt"), and the device's time goes to the checks.
 Triton compiles into .gpu_site/triton_cache (TRITON_CACHE_DIR): warm_triton fills it before the fused read's tests
-and benchmark, from the kit's cache of the benchmark's kernels compiled beforehand (scripts/gpu_triton_cache.py)
+and benchmark, from the kit's cache of the benchmark's kernels compiled beforehand (tools/gpu_node/gpu_triton_cache.py)
 where it fits the node's Triton, else by compiling them here, so that the timed steps start warm.
 """
 import argparse
@@ -32,7 +32,8 @@ from pathlib import Path
 
 from gpu_prebuilt import ITEMS as PREBUILT, digest, sdist, sources, unpack
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent  # tools/gpu_node/: the check's own scripts
+REPO = HERE.parents[1]
 PARTS = ("all", "kernels", "fairseq")
 SUMMARY_RESERVE_S = 15  # kept back from the budget so check.json and summary.md are always written
 
@@ -53,7 +54,7 @@ STEPS = [
     Step("build_extension", ("kernels", "fairseq"), 300, 60, "fw_fairseq._cuda for this GPU (setup.py build_ext)"),
     # the fused read first: the newest kernels get the device's time before the older, slower steps
     Step("warm_triton", ("kernels",), 120, 10, "Triton's cache of the fused read's kernels: the kit's, or compiled "
-         "here (scripts/gpu_triton_cache.py --device cuda)"),
+         "here (tools/gpu_node/gpu_triton_cache.py --device cuda)"),
     Step("pytest_fused", ("kernels",), 150, 20, "python -m pytest tests/ops/test_fused_read*.py, compiled on CUDA"),
     # fla's kernels autotune on their first call of each shape: 20-30 s each on an H100
     Step("bench_fused", ("kernels",), 240, 30, "benchmarks/bench_fused_read_gpu.py --quick"),
@@ -100,7 +101,7 @@ class Check:
         sanitizer = shutil.which("compute-sanitizer") or (str(cuda_bin) if cuda_bin.exists() else "compute-sanitizer")
         fused_tests = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests" / "ops").glob("test_fused_read*.py"))]
         return {
-            "environment": [py, str(REPO / "scripts" / "gpu_check.py"), "--environment-only", "--out", str(out)],
+            "environment": [py, str(HERE / "gpu_check.py"), "--environment-only", "--out", str(out)],
             "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                             "--upgrade", "--target", str(site), *wheels],
             # built in place in its unpacked source (fairseq runs from a source tree), against the node's
@@ -112,10 +113,10 @@ class Check:
                               '&& cd "$1" && env -u CUDA_HOME MAX_JOBS="$4" "$3" setup.py -q build_ext --inplace',
                               "build_fairseq", str(site / "fairseq-src"), str(fairseq), py, jobs],
             "build_extension": ["env", f"MAX_JOBS={jobs}", py, "setup.py", "-q", "build_ext", "--inplace"],
-            "build_fast_transformers": [py, str(REPO / "scripts" / "gpu_build_peer.py"), str(peer), str(site)],
+            "build_fast_transformers": [py, str(HERE / "gpu_build_peer.py"), str(peer), str(site)],
             "memcheck": [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", *sanitize],
             "racecheck": [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", *sanitize],
-            "warm_triton": [py, str(REPO / "scripts" / "gpu_triton_cache.py"), "--cache", str(site / "triton_cache"),
+            "warm_triton": [py, str(HERE / "gpu_triton_cache.py"), "--cache", str(site / "triton_cache"),
                             "--device", "cuda"],
             # None where the checkout has none yet: pytest given no file would run every test
             "pytest_fused": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *fused_tests] if fused_tests else None,
@@ -163,7 +164,7 @@ class Check:
             self.save()
 
     def prebuilt(self, step, entry):
-        """Whether the kit's build of this step (scripts/gpu_prebuilt.py) was unpacked in its place; entry gets
+        """Whether the kit's build of this step (tools/gpu_node/gpu_prebuilt.py) was unpacked in its place; entry gets
         its status, or the reason it was not used (the step then builds)."""
         if step.name not in PREBUILT:
             return False
@@ -261,7 +262,7 @@ def environment(out):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tools/gpu_node/gpu_check.sh", description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=PARTS, default="all",
                         help="all steps, or one of the two halves that each fit a 10-minute slot")
     parser.add_argument("--kit", type=Path, default=REPO / "gpu_kit", help="the folder `make gpu-kit` filled")
@@ -301,7 +302,7 @@ def main(argv=None):
             print(f"{s.name:<24} ≤{s.max_s:>4} s  {s.what}\n    {command}")
         return
     check.run(steps)
-    subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_summary.py"), str(args.out)], check=False)
+    subprocess.run([sys.executable, str(HERE / "gpu_summary.py"), str(args.out)], check=False)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Build (or check) the offline GPU node's install kit: `make gpu-kit` runs this on a machine with network.
 
-    python3 scripts/gpu_kit.py [--out gpu_kit]     # download what scripts/gpu_kit.lock pins; re-runnable
-    python3 scripts/gpu_kit.py --check             # resolve the lock for cp312 without downloading it
+    python3 tools/gpu_node/gpu_kit.py [--out gpu_kit]     # download what tools/gpu_node/gpu_kit.lock pins; re-runnable
+    python3 tools/gpu_node/gpu_kit.py --check             # resolve the lock for cp312 without downloading it
 
 The kit is one folder: the lock's wheels for CPython 3.12 manylinux x86_64, the sdists that are built on
 the node against its own torch (fairseq-fixed, pytorch-fast-transformers), those builds and fw_fairseq's
-extensions made here for the node where this machine can (scripts/gpu_prebuilt.py; --no-prebuild leaves them
+extensions made here for the node where this machine can (tools/gpu_node/gpu_prebuilt.py; --no-prebuild leaves them
 to the node), and MANIFEST.json (file, kind, sha256 of each, and the lock's own digest so the node can tell a
 stale kit). Copy it next to the
-checkout on the GPU node and run scripts/gpu_check.sh (benchmarks/README.md).
+checkout on the GPU node and run tools/gpu_node/gpu_check.sh (benchmarks/README.md).
 """
 import argparse
 import json
@@ -136,7 +136,7 @@ def build(out, prebuild=True):
             [path] = out.glob(normalise(pin.name).replace("-", "_") + f"-{pin.version}-*.whl")
         entries.append({"name": pin.name, "version": pin.version, "kind": pin.kind, "file": path.name,
                         "sha256": sha256(path)})
-    if prebuild:  # the node's builds, made here where the machine can (scripts/gpu_prebuilt.py)
+    if prebuild:  # the node's builds, made here where the machine can (tools/gpu_node/gpu_prebuilt.py)
         entries += gpu_prebuilt.build(out, cuda_home=gpu_check.find_cuda_home())
     manifest = {"lock_sha256": sha256(LOCK), "python": "cp312", "platform": "manylinux x86_64", "files": entries}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -153,7 +153,7 @@ def build(out, prebuild=True):
 def check(lock=LOCK, node=NODE):
     """Problems with the lock, without downloading it: every wheel resolves for cp312 manylinux x86_64
     with its pinned digest, every sdist exists on PyPI with its digest, and every requirement of the kit
-    (including fairseq-fixed's) is met by the kit or by the node (scripts/gpu_node.txt)."""
+    (including fairseq-fixed's) is met by the kit or by the node (tools/gpu_node/gpu_node.txt)."""
     from packaging.requirements import Requirement  # pip's own dependency; import late for --help
 
     pins = read_lock(lock)
@@ -205,10 +205,10 @@ FAIRSEQ_REQUIRES = ["cffi", "cython", "hydra-core==1.3.2", "omegaconf==2.3.0", "
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE.parent / "gpu_kit", help="kit folder (default: gpu_kit/)")
+    parser.add_argument("--out", type=Path, default=HERE.parents[1] / "gpu_kit", help="kit folder (default: gpu_kit/)")
     parser.add_argument("--check", action="store_true", help="resolve the lock for cp312 without downloading")
     parser.add_argument("--no-prebuild", action="store_true", help="leave the node's builds to the node "
-                        "(default: build them here, scripts/gpu_prebuilt.py)")
+                        "(default: build them here, tools/gpu_node/gpu_prebuilt.py)")
     args = parser.parse_args()
     if args.check:
         problems = check()

@@ -2,16 +2,16 @@
 
 The node's three builds (gpu_check.py's build_extension, build_fairseq, build_fast_transformers) took 346 of
 the 760 seconds of the check's steps on an H200 (benchmarks/results/gpu_h200_2026-11-26). They need no GPU: a
-CUDA build of the node's torch (scripts/gpu_node.txt; PyPI's torch 2.11.0 is the node's 2.11.0+cu130), the
+CUDA build of the node's torch (tools/gpu_node/gpu_node.txt; PyPI's torch 2.11.0 is the node's 2.11.0+cu130), the
 same CUDA 13.0 nvcc, CPython 3.12 and the GPU's architecture (Hopper: 9.0a) are enough, and this machine has
-all four. So `make gpu-kit` (scripts/gpu_kit.py) runs build(): in a CPython 3.12 virtual environment
+all four. So `make gpu-kit` (tools/gpu_node/gpu_kit.py) runs build(): in a CPython 3.12 virtual environment
 (.gpu_build/venv, ignored) it compiles each of them as the node's step would and adds it to the kit as
 prebuilt-<step>.tar.gz, recorded in MANIFEST.json with the digest of the files it was built from, the torch,
 Python and architecture. On the node, gpu_check.py calls unpack() before each build step: an archive made from
 the same files for the node's torch, Python and GPU is unpacked and imported, and the step is recorded as
 "prebuilt"; anything else (another commit's csrc/cuda/, an import error) and the step builds there as before.
 The same holds for Triton's kernel cache of the fused read (gpu_check.py's warm_triton): compiled here for the GPU's
-architecture by scripts/gpu_triton_cache.py in the build venv, whose Triton is the node's, and checked on the node
+architecture by tools/gpu_node/gpu_triton_cache.py in the build venv, whose Triton is the node's, and checked on the node
 against its Triton version as well.
 """
 import glob
@@ -29,10 +29,10 @@ from typing import Callable, Optional
 
 from gpu_triton_cache import relocate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARCH = "9.0a"  # H100 and H200 (capability 9.0); torch builds them as sm_90a
 PYTHON = "3.12"
-# what the node's own builds compile against besides torch (scripts/gpu_node.txt has its numpy 2.5.x)
+# what the node's own builds compile against besides torch (tools/gpu_node/gpu_node.txt has its numpy 2.5.x)
 BUILD_PINS = ["numpy==2.5.2", "cython==3.3.1", "setuptools==81.0.0", "wheel==0.48.0", "ninja==1.13.2"]
 
 
@@ -140,7 +140,7 @@ def find_python():
 
 
 def node_torch(node_file):
-    """The torch version the node has (scripts/gpu_node.txt's `present torch==X`)."""
+    """The torch version the node has (tools/gpu_node/gpu_node.txt's `present torch==X`)."""
     for line in node_file.read_text().splitlines():
         if line.startswith("present torch=="):
             return line.split("==", 1)[1].strip()
@@ -189,8 +189,8 @@ def build_fairseq(py, repo, kit, work, env):
 
 def build_fast_transformers(py, repo, kit, work, env):
     """fast-transformers' causal_product, by the node's own script, into work/fast_transformers."""
-    subprocess.run([str(py), str(repo / "scripts" / "gpu_build_peer.py"), str(sdist(kit, "build_fast_transformers")),
-                    str(work)], env=env, check=True)
+    peer = repo / "tools" / "gpu_node" / "gpu_build_peer.py"
+    subprocess.run([str(py), str(peer), str(sdist(kit, "build_fast_transformers")), str(work)], env=env, check=True)
     return [Path("fast_transformers")]
 
 
@@ -198,13 +198,14 @@ def triton_sources(repo):
     """What the fused read's compiled kernels depend on: its kernels and launches, the benchmark's cases (the
     shapes they are compiled for) and the script that compiles them."""
     return [*sorted((repo / "fw_fairseq" / "ops" / "fused_read").glob("*.py")),
-            repo / "benchmarks" / "bench_fused_read_gpu.py", repo / "scripts" / "gpu_triton_cache.py"]
+            repo / "fw_fairseq" / "experiments" / "fused_read_cases.py",
+            repo / "benchmarks" / "bench_fused_read_gpu.py", repo / "tools" / "gpu_node" / "gpu_triton_cache.py"]
 
 
 def build_triton_cache(py, repo, kit, work, env):
-    """The fused read's kernels compiled for the node (scripts/gpu_triton_cache.py), or None where they do not
+    """The fused read's kernels compiled for the node (tools/gpu_node/gpu_triton_cache.py), or None where they do not
     compile here: the kit then carries no cache and the node compiles them in its warm_triton step."""
-    proc = subprocess.run([str(py), str(repo / "scripts" / "gpu_triton_cache.py"), "--cache", str(work)],
+    proc = subprocess.run([str(py), str(repo / "tools" / "gpu_node" / "gpu_triton_cache.py"), "--cache", str(work)],
                           env=dict(env, PYTHONPATH=str(repo)), capture_output=True, text=True)
     if proc.returncode != 0:
         print("gpu_prebuilt: the fused read's kernels did not compile here, the node compiles them:\n"
@@ -265,7 +266,7 @@ def build(kit, repo=REPO, node_file=None, cuda_home=None):
         print(f"gpu_prebuilt: no {'CPython 3.12 (set FW_KIT_PYTHON)' if python is None else 'CUDA toolkit'} here:"
               " the kit carries no prebuilt builds, the node builds them")
         return []
-    torch_version = node_torch(node_file or repo / "scripts" / "gpu_node.txt")
+    torch_version = node_torch(node_file or repo / "tools" / "gpu_node" / "gpu_node.txt")
     manifest = kit / "MANIFEST.json"
     old = {e.get("step"): e for e in json.loads(manifest.read_text()).get("files", [])} if manifest.exists() else {}
     py, torch_built, entries = None, None, []

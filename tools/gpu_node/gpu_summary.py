@@ -1,6 +1,6 @@
-"""Render a GPU check's output folder as Markdown: python3 scripts/gpu_summary.py OUT_DIR [--print-only].
+"""Render a GPU check's output folder as Markdown: python3 tools/gpu_node/gpu_summary.py OUT_DIR [--print-only].
 
-Reads what scripts/gpu_check.py leaves there (check.json with environment.json, bench_gpu.json,
+Reads what tools/gpu_node/gpu_check.py leaves there (check.json with environment.json, bench_gpu.json,
 bench_fused_read.json, bench_fairseq.json; any may be missing when a step failed), writes OUT_DIR/summary.md and
 prints it: the machine and versions, every step's status, and each GPU target with its measured value and a
 verdict (met / missed / no data). A run whose check had no fused-read step (older runs) gets no fused-read rows.
@@ -258,7 +258,7 @@ def render(out):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="the folder scripts/gpu_check.sh wrote")
+    parser.add_argument("out", type=Path, help="the folder tools/gpu_node/gpu_check.sh wrote")
     parser.add_argument("--print-only", action="store_true", help="do not write summary.md")
     args = parser.parse_args()
     if not args.out.is_dir():

@@ -1,8 +1,9 @@
 """Triton's kernel cache for the GPU node, filled without a GPU: the fused read's kernels (fw_fairseq/ops/fused_read)
-compiled for the node's architecture, for the launches of benchmarks/bench_fused_read_gpu.py's cases.
+compiled for the node's architecture, for the launches of the fused read benchmark's cases
+(fw_fairseq/experiments/fused_read_cases.py, benchmarks/bench_fused_read_gpu.py).
 
-    python3 scripts/gpu_triton_cache.py --cache DIR                 # here, no GPU: compile for capability 9.0
-    python3 scripts/gpu_triton_cache.py --cache DIR --device cuda   # on a GPU: the same launches, run (a warm-up)
+    python3 tools/gpu_node/gpu_triton_cache.py --cache DIR                 # here, no GPU: compile for capability 9.0
+    python3 tools/gpu_node/gpu_triton_cache.py --cache DIR --device cuda   # on a GPU: the same launches, run (a warm-up)
 
 Triton's JIT finds a compiled kernel in TRITON_CACHE_DIR under a key made of Triton's own build (its files'
 hashes), the kernel's source, its specialisation (argument dtypes, which integers are 1 or multiples of 16, which
@@ -11,19 +12,17 @@ a GPU. So here every launch of the fused read's forward and backward runs on CPU
 path with OfflineDriver installed: it names the node's target and launches nothing, so each kernel is compiled
 (by Triton's own ptxas) under the key the node computes for the same call on CUDA tensors of the same shapes, and
 its limits are checked as the node's (shared memory, threads). The cache fits one Triton build only: the kit makes
-it in the build venv (scripts/gpu_prebuilt.py), which has the node's torch and Triton (scripts/gpu_node.txt).
+it in the build venv (tools/gpu_node/gpu_prebuilt.py), which has the node's torch and Triton (tools/gpu_node/gpu_node.txt).
 Triton records a kernel's files by absolute path (__grp__*.json); relocate() points them at the folder the
 cache is unpacked into. Only the cubin and the metadata are kept: the node loads nothing else.
 """
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
 KEEP = (".json", ".cubin")  # what a cache hit reads: the metadata, the group and the binary
 SM90 = {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}  # H100, H200
 
@@ -62,8 +61,7 @@ def launches(cases, rules, device):
     """Run the fused read forward and backward once for every case and rule of the benchmark: [labels]."""
     import torch
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_fused_read_gpu as bench
+    from fw_fairseq.experiments import fused_read_cases as bench
     from fw_fairseq.ops import feature_map
     from fw_fairseq.ops.rules.public import fused_read
 
@@ -114,8 +112,7 @@ def main(argv=None):
 
     if args.device == "cpu":
         driver.set_active(OfflineDriver(args.capability))
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_fused_read_gpu as bench
+    from fw_fairseq.experiments import fused_read_cases as bench
 
     start = time.monotonic()
     done = launches(args.cases or bench.QUICK, args.rules, torch.device(args.device))
