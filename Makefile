@@ -22,7 +22,7 @@ $(STAMP): requirements.txt setup.py $(wildcard csrc/cpu/*)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/python scripts/demo.py
+	$(VENV)/bin/python scripts/demo/demo.py
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests
@@ -31,9 +31,9 @@ bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_ops_cpu.py
 
 # The offline GPU node's kit (gpu_kit/): wheels for cp312, sdists, and the node's builds made here where this
-# machine has CPython 3.12 and nvcc (scripts/gpu_prebuilt.py; its build venv in .gpu_build/); needs network.
+# machine has CPython 3.12 and nvcc (tools/gpu_node/gpu_prebuilt.py; its build venv in .gpu_build/); needs network.
 gpu-kit:
-	$(PY) scripts/gpu_kit.py --out gpu_kit
+	$(PY) tools/gpu_node/gpu_kit.py --out gpu_kit
 
 clean:
 	rm -rf $(VENV) build *.egg-info .gpu_build

@@ -1,5 +1,5 @@
-# Shared recipe of every WMT14 En-De (paper Table 1) run, sourced by scripts/train.sh and
-# scripts/evaluate.sh; each cell's file next to this one adds only its fast-weight flags.
+# Shared recipe of every WMT14 En-De (paper Table 1) run, sourced by scripts/wmt14/train.sh and
+# scripts/wmt14/evaluate.sh; each cell's file next to this one adds only its fast-weight flags.
 # Recipe: fairseq's big-Transformer WMT14 setup (Ott et al. 2018) as the paper's Appendix E
 # adapts it: 32K joint BPE, Adam, inverse-sqrt schedule, label smoothing 0.1, dropout 0.3,
 # 3584 tokens per GPU x 3 GPUs x 16 accumulated batches, 45 epochs, best checkpoint by
@@ -47,5 +47,5 @@ TRAIN_ARGS=(
 # Decoding for every reported score (Vaswani et al. 2017; Ott et al. 2018).
 # --required-batch-size-multiple 1: with fairseq's default of 8, batch_by_size silently drops
 # a last batch whose size is not a multiple of 8, i.e. untranslated test sentences
-# (facebookresearch/fairseq#5036); scripts/wmt_score.py refuses incomplete output.
+# (facebookresearch/fairseq#5036); scripts/wmt14/wmt_score.py refuses incomplete output.
 GENERATE_ARGS=(--beam 4 --lenpen 0.6 --max-tokens 8000 --required-batch-size-multiple 1)

@@ -1,6 +1,6 @@
 """Figures in the style of the paper's Figure 2 (capacity) and Figure 3 (learning curves).
 
-`cells` are result dicts as written by scripts/synthetic_retrieval.py: model, S, best_eval_loss,
+`cells` are result dicts as written by scripts/synthetic/synthetic_retrieval.py: model, S, best_eval_loss,
 curve [[step, eval_loss], ...], ...
 """
 import logging
