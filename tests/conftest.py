@@ -20,7 +20,7 @@ TESTS = pathlib.Path(__file__).resolve().parent
 MARKED = {  # a folder or file under tests/ -> its markers
     "e2e": ("slow", "e2e"),  # the real fairseq CLIs on a tiny corpus
     "lm/test_lm_cli.py": ("slow", "e2e"),
-    "scripts/test_table1_rehearsal.py": ("slow", "e2e"),  # scripts/table1.sh with every row at tiny dims
+    "scripts/test_table1_rehearsal.py": ("slow", "e2e"),  # scripts/wmt14/table1.sh with every row at tiny dims
     "scripts/test_train_eval.py": ("slow", "e2e"),  # train.sh, evaluate.sh, table1.py through the real tools
     "demo": ("slow",),  # the demo's corpus from the machine's catalogs
 }

@@ -1,6 +1,6 @@
 """Build small plugin models through fairseq's real argument parser, without a data dir: the one
-test model factory of tests/models, tests/modules and tests/lm (their conftest puts tests/ on
-sys.path).
+test model factory of tests/models, tests/modules and tests/lm (pytest.ini puts tests/ on the
+import path).
 
 fairseq's build_model needs only the task's dictionaries, so the tests hand it a tiny namespace
 holding real fairseq Dictionaries.

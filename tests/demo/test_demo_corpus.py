@@ -1,11 +1,7 @@
 """The demo's and compare_attention's corpus: real English/German pairs from the machine's gettext catalogs."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import catalog_corpus as demo  # noqa: E402
+from fw_fairseq.experiments import catalog_corpus as demo
 
 needs_catalogs = pytest.mark.skipif(not any(demo.LOCALE_DIR.glob("*.mo")),
                                     reason="no German gettext catalogs on this machine")

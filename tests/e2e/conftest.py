@@ -1,11 +1,7 @@
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fairseq_run import run, sentences  # noqa: E402
+from cli_run import run, sentences
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,9 @@
 table and JSON with softmax as the reference, and a row list without softmax refused in one line."""
 import json
 import shutil
-import sys
-from pathlib import Path
 
+import bench_train_cpu
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_train_cpu  # noqa: E402
 
 
 def _work(data_bin, tmp_path):

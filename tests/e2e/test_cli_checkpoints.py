@@ -7,9 +7,9 @@ import zipfile
 import pytest
 import torch
 
-from fairseq_run import USER_DIR, run, run_refused, train
+from cli_run import USER_DIR, run, run_refused, train
 
-DPFP_DELTA = ["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"]  # nu 1 (fairseq_run.TRAIN)
+DPFP_DELTA = ["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"]  # nu 1 (cli_run.TRAIN)
 
 
 @pytest.fixture(scope="module")

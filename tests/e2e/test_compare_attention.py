@@ -1,17 +1,16 @@
-"""scripts/compare_attention.py's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
+"""scripts/demo/compare_attention.py's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
 updates with a validation curve and a progress bar, scoring, and re-runs that reuse finished runs."""
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import compare_attention
+import compare_report
 import pytest
 
+from fw_fairseq.experiments import attention_runs
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import attention_runs  # noqa: E402
-import compare_attention  # noqa: E402
-import compare_report  # noqa: E402
 
 
 def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_path, capsys):

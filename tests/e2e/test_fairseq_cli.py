@@ -9,7 +9,7 @@ import re
 import pytest
 import sacrebleu
 
-from fairseq_run import LEXICON, USER_DIR, run, train
+from cli_run import LEXICON, USER_DIR, run, train
 from fw_fairseq.ops import FEATURE_MAPS, RULES
 
 

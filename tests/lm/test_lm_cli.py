@@ -1,4 +1,4 @@
-"""End to end through the real CLIs on a small slice of the licence-text corpus (scripts/lm_demo.py):
+"""End to end through the real CLIs on a small slice of the licence-text corpus (scripts/demo/lm_demo.py):
 fairseq-preprocess --only-source, fairseq-train --task language_modeling --user-dir (fast-weight
 LM and Feedback Transformer) and --task fw_lm_stream --fw-carry-state, fairseq-eval-lm,
 fairseq-generate and fairseq-interactive sampling. Training must reduce the loss."""
@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lm_demo
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 USER_DIR = str(REPO / "fw_fairseq")
-sys.path.insert(0, str(REPO / "scripts"))
-import lm_demo  # noqa: E402
 
 SHAPE = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-attention-heads", "2",
          "--decoder-ffn-embed-dim", "64"]

@@ -1,25 +1,18 @@
 """The GPU benchmarks' machinery on a CPU, where CI runs: bench_fused_read_gpu.py end to end on a tiny case under
 Triton's interpreter, the fused read's kernels compiled for the GPU's architecture without one
-(scripts/gpu_triton_cache.py), and bench_fairseq_gpu.py's steady state, run order, configurations and profile."""
-import importlib.util
+(tools/gpu_node/gpu_triton_cache.py), and bench_fairseq_gpu.py's steady state, run order, configurations and profile."""
 import json
 import os
 import subprocess
 import sys
 
+import bench_fairseq_gpu
+import bench_fused_read_gpu
+import fairseq_run
 import torch
+from conftest import REPO
 
-from conftest import REPO, SCRIPTS
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_fairseq_gpu  # noqa: E402
-import bench_fused_read_gpu  # noqa: E402
-import compare_attention  # noqa: E402
-
-# benchmarks/fairseq_run.py by its path: tests/e2e has a module of the same name, which a whole-suite run imports first
-_spec = importlib.util.spec_from_file_location("bench_fairseq_run", REPO / "benchmarks" / "fairseq_run.py")
-fairseq_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fairseq_run)
+from fw_fairseq.experiments.attention_configs import CONFIGS
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
 
@@ -56,11 +49,11 @@ def test_the_ratios_and_layouts():
 
 
 def test_the_fused_kernels_compile_for_the_gpu_without_one(tmp_path):
-    """scripts/gpu_triton_cache.py here: the kernels of the tiny case's delta read (forward and backward) compiled
+    """tools/gpu_node/gpu_triton_cache.py here: the kernels of the tiny case's delta read (forward and backward) compiled
     for capability 9.0 through Triton's JIT with the offline driver; run again on the cache moved elsewhere, every
     kernel is a cache hit. (The delta read alone: each kernel takes seconds to compile on two cores.)"""
     first, moved = tmp_path / "cache", tmp_path / "moved"
-    script = [sys.executable, str(SCRIPTS / "gpu_triton_cache.py"), "--cases", "tiny", "--rules", "delta", "--cache"]
+    script = [sys.executable, str(REPO / "tools" / "gpu_node" / "gpu_triton_cache.py"), "--cases", "tiny", "--rules", "delta", "--cache"]
     env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([*script, str(first)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,7 +81,7 @@ def test_the_rounds_interleave_every_configuration():
 
 
 def test_the_configurations_are_the_shipped_ones_and_table_1s():
-    rows = compare_attention.CONFIGS
+    rows = CONFIGS
     assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == rows["dpfp2-sum-vconv3"][1]
     assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == rows["dpfp2-delta-dec-l2-vconv3"][1]
     assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2",

@@ -1,16 +1,11 @@
-"""scripts/compare_attention.py's length measures (scripts/attention_runs.py's length_profile and its parts) and
-their section of the report (scripts/compare_report.py), on hand-made translations: seconds, no model."""
-import sys
-from pathlib import Path
-
+"""scripts/demo/compare_attention.py's length measures (fw_fairseq/experiments/attention_runs.py's length_profile and its parts) and
+their section of the report (scripts/demo/compare_report.py), on hand-made translations: seconds, no model."""
+import compare_attention
+import compare_report
 import pytest
 import sacrebleu
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import attention_runs  # noqa: E402
-import compare_attention  # noqa: E402
-import compare_report  # noqa: E402
+from fw_fairseq.experiments import attention_runs
 
 
 @pytest.mark.parametrize("text, loops", [

@@ -1,5 +1,5 @@
 """The GPU path's dry run, so the kit and the check cannot rot between GPU runs (no GPU needed):
-the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met, scripts/gpu_check.sh
+the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met, tools/gpu_node/gpu_check.sh
 parses its options and plans its steps, runs and records them within its budget, the kit's Triton cache
 unpacks where it fits the node's Triton, and the summary writer renders a recorded run."""
 import json
@@ -9,15 +9,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import gpu_check as check_script
+import gpu_kit
+import gpu_prebuilt
+import gpu_summary
 import pytest
 from conftest import add_member
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import gpu_check as check_script  # noqa: E402
-import gpu_kit  # noqa: E402
-import gpu_prebuilt  # noqa: E402
-import gpu_summary  # noqa: E402
 
 RECORDED = Path(__file__).parent / "fixtures" / "gpu_run"
 
@@ -46,7 +45,7 @@ def test_a_malformed_lock_is_refused_in_one_line(tmp_path, line, message):
 
 
 def gpu_check(*args):
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(REPO / "tools" / "gpu_node" / "gpu_check.sh"), *args], capture_output=True, text=True,
                           env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
 
 
@@ -199,7 +198,6 @@ def test_the_kits_triton_cache_is_unpacked_where_it_is_and_fits_the_nodes_triton
 
 
 def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_cuda_graph
 
     monkeypatch.setattr(gpu_cuda_graph.torch.cuda, "is_available", lambda: False)
@@ -211,14 +209,12 @@ def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):
 def test_the_cuda_graph_cases_run_on_a_cpu(case):
     """The GPU step's cases, with the step re-run where the graph would replay: the layer, its decoding
     state and the copies the replays are compared against work on this machine."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_cuda_graph
 
     gpu_cuda_graph.check(*case, "cpu", gpu_cuda_graph.rerun)
 
 
 def test_the_cuda_graph_steps_compile_check_runs_on_a_cpu():
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_cuda_graph
 
     gpu_cuda_graph.compiled_training("gated_delta", "cpu")

@@ -1,17 +1,17 @@
-"""The whole of scripts/table1.sh, rehearsed on the CPU: every Table 1 row's own command line (the shared recipe
+"""The whole of scripts/wmt14/table1.sh, rehearsed on the CPU: every Table 1 row's own command line (the shared recipe
 and the config's flags) with tiny dims appended, on the fixture corpus prepared by prepare_wmt14_en_de.py, for
 one epoch each; then each row's best checkpoint scored on valid and test and the table rendered, through the real
 fairseq-train, fairseq-generate and sacrebleu. Re-running the same command trains and scores nothing again."""
 import shlex
 import subprocess
 
-from conftest import REPO, SCRIPTS, run
+from conftest import REPO, WMT14, run
 from test_configs import CONFIGS
 from test_train_eval import SHORT, TINY
 
 
 def table1(work, *extra):
-    return run([SCRIPTS / "table1.sh", "--gpus", "0", "--data", work / "data-bin" / "bpe300",
+    return run([WMT14 / "table1.sh", "--gpus", "0", "--data", work / "data-bin" / "bpe300",
                 "--save-root", work / "rehearsal" / "ckpt", "--results", work / "rehearsal" / "results",
                 "--train-args", shlex.join([*TINY, "--max-epoch", "1"]), "--generate-args", shlex.join(SHORT),
                 *extra])
@@ -36,7 +36,7 @@ def test_every_row_trains_scores_and_tables(prepared):
 
 
 def test_dry_run_prints_every_command_and_the_cost():
-    out = run([SCRIPTS / "table1.sh", "--dry-run", "--data", REPO / "no-data-here"]).stdout
+    out = run([WMT14 / "table1.sh", "--dry-run", "--data", REPO / "no-data-here"]).stdout
     for name in CONFIGS:
         assert f"train.sh {name}" in out and f"| {name} |" in out
         assert out.count(f"--name {name} ") == 2  # valid and test
@@ -45,7 +45,7 @@ def test_dry_run_prints_every_command_and_the_cost():
 
 
 def test_a_gpu_count_that_cannot_keep_the_batch_is_refused():
-    proc = subprocess.run([SCRIPTS / "table1.sh", "--dry-run", "--gpus", "5", "--gpus-per-row", "5"],
+    proc = subprocess.run([WMT14 / "table1.sh", "--dry-run", "--gpus", "5", "--gpus-per-row", "5"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith(
         "--gpus-per-row 5 cannot keep the paper's 48 batches per update; allowed: 1, 2, 3, 4, 6, 8, 12, 16, 24, 48")

@@ -11,7 +11,7 @@ import torch
 
 import table1
 import wmt_score
-from conftest import REPO, SCRIPTS, run
+from conftest import REPO, WMT14, run
 
 # A tiny fast-weight model (d_key = 32) and a short run; appended after the recipe, so they win.
 TINY = ["--arch", "transformer_fw_small", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -34,8 +34,8 @@ def performer_run(prepared):
     """performer_m32 on BPE data: 2 epochs, then a resumed third."""
     work, _ = prepared
     e = env(work, "bpe300")
-    first = run([SCRIPTS / "train.sh", "performer_m32", *TINY, "--max-epoch", "2"], env=e)
-    second = run([SCRIPTS / "train.sh", "performer_m32", *TINY, "--max-epoch", "3"], env=e)
+    first = run([WMT14 / "train.sh", "performer_m32", *TINY, "--max-epoch", "2"], env=e)
+    second = run([WMT14 / "train.sh", "performer_m32", *TINY, "--max-epoch", "3"], env=e)
     return work, e, first, second
 
 
@@ -56,7 +56,7 @@ def test_train_resumes_from_checkpoint_last(performer_run):
 def test_average_then_evaluate(performer_run):
     work, e, _, _ = performer_run
     save = work / "ckpt" / "performer_m32"
-    run([sys.executable, SCRIPTS / "average_checkpoints.py", "--inputs", save, "-n", "2", "--output", save / "avg.pt"])
+    run([sys.executable, WMT14 / "average_checkpoints.py", "--inputs", save, "-n", "2", "--output", save / "avg.pt"])
     avg, c2, c3 = (torch.load(save / n, map_location="cpu", weights_only=False)["model"]
                    for n in ("avg.pt", "checkpoint2.pt", "checkpoint3.pt"))
     projections = [k for k in avg if k.endswith("favor.projection")]
@@ -65,7 +65,7 @@ def test_average_then_evaluate(performer_run):
     assert torch.allclose(avg[weight], (c2[weight] + c3[weight]) / 2)
 
     for ckpt, subset in (("avg.pt", "valid"), ("checkpoint_best.pt", "test")):
-        proc = run([SCRIPTS / "evaluate.sh", save / ckpt, "--subset", subset, "--", *SHORT], env=e)
+        proc = run([WMT14 / "evaluate.sh", save / ckpt, "--subset", subset, "--", *SHORT], env=e)
         stem = str(work / "results" / "performer_m32" / f"{ckpt[:-3]}.{subset}")
         result = json.loads(Path(stem + ".json").read_text())
         assert result["config"] == "performer_m32" and result["subset"] == subset
@@ -93,9 +93,9 @@ def test_sentencepiece_data_train_and_evaluate(prepared_spm):
     work, _ = prepared_spm
     e = env(work, "spm400")
     # linear (sum rule): the delta rule's CPU path is several times slower; test_configs builds it
-    run([SCRIPTS / "train.sh", "linear", *TINY, "--max-update", "3"], env=e)
+    run([WMT14 / "train.sh", "linear", *TINY, "--max-update", "3"], env=e)
     ckpt = work / "ckpt" / "linear" / "checkpoint_last.pt"
-    run([SCRIPTS / "evaluate.sh", ckpt, "--name", "spm_linear", "--", *SHORT], env=e)
+    run([WMT14 / "evaluate.sh", ckpt, "--name", "spm_linear", "--", *SHORT], env=e)
     result = json.loads((work / "results" / "spm_linear" / "checkpoint_last.test.json").read_text())
     assert result["config"] == "spm_linear" and result["sentences"] == 53
     gen = (work / "results" / "spm_linear" / "checkpoint_last.test.gen.txt").read_text()
@@ -107,6 +107,6 @@ def test_sentencepiece_data_train_and_evaluate(prepared_spm):
     (["standard"], "no prepared data in"),
 ])
 def test_train_sh_errors(tmp_path, args, message):
-    proc = subprocess.run([SCRIPTS / "train.sh", *args], capture_output=True, text=True,
+    proc = subprocess.run([WMT14 / "train.sh", *args], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "DATA_BIN": str(tmp_path)})
     assert proc.returncode != 0 and message in proc.stderr

@@ -1,4 +1,4 @@
-"""scripts/synthetic_retrieval.py end to end on a tiny grid: results files, figures, resume."""
+"""scripts/synthetic/synthetic_retrieval.py end to end on a tiny grid: results files, figures, resume."""
 import importlib.util
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "synthetic_retrieval.py")
+_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "synthetic", "synthetic_retrieval.py")
 
 
 @pytest.fixture(scope="module")
