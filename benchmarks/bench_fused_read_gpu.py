@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.experiments.fused_read_cases import (CASES, DTYPES, NORM, QUICK, RULE_CASES, in_layout, leaves,
-                                                     make_inputs, seq_first)
+                                                     make_inputs)
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
 TOLERANCE = {"bf16": 5e-2, "fp16": 5e-2, "fp32": 1e-3, "fp64": 1e-9}  # max relative error, output and gradients

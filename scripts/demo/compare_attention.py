@@ -21,7 +21,6 @@ when re-run. `softmax` and `hybrid` rows are baselines, not fast-weight models.
 import argparse
 import json
 import platform
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
