@@ -1,6 +1,7 @@
 """The attention comparison's rows and model presets: each configuration's fairseq flags, and the model and
 optimiser every configuration shares under a preset. scripts/demo/compare_attention.py trains them, the demo
-(scripts/demo/demo.py) trains a few of them, and benchmarks/bench_train_cpu.py times their updates.
+(scripts/demo/demo.py) trains a few of them, benchmarks/bench_train_cpu.py times their updates, and
+scripts/convert/convert_study.py converts a softmax model into some of them.
 """
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
@@ -65,6 +66,11 @@ CONFIGS = {
                                         "--fw-delta-norm", "sum", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
+    # the learned maps of converted softmax models (scripts/convert/convert_study.py trains them from scratch too)
+    "hedgehog-trainable-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-hedgehog-trainable", "1",
+                                               "--fw-update-rule", "sum", *CONV3]),
+    "t2r32-sum-vconv3": ("fast", ["--fw-feature-map", "t2r", "--fw-t2r-features", "32", "--fw-update-rule", "sum",
+                                  *CONV3]),
     "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
                                   *CONV3]),
     "favor-sum-fixed-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw",

@@ -1,0 +1,178 @@
+"""Converting a trained softmax model against training from scratch, at equal updates, on the German catalogs.
+
+    python scripts/convert/convert_study.py [--teacher-updates 2000] [--totals 200 400] [--seed 1]
+
+1. The teacher: the comparison's `softmax` row (its preset, `demo` unless --preset), trained --teacher-updates.
+2. For every configuration (CONFIGS) and total T of --totals, the teacher converted (convert_softmax.py), then
+   - fine-tuned T updates;
+   - where the map has parameters (T2R, trainable Hedgehog): its attention distilled for T / 4 updates
+     (--criterion fw_attention_distillation, the maps alone), then fine-tuned T - T / 4: the distillation's updates
+     count toward the total.
+3. The same configuration trained from scratch for T updates with the comparison's flags.
+
+Every model translates the test split as the comparison does (beam 4, detokenised sacreBLEU); its valid loss is the
+last validation of its (last) training; decoding speed is fairseq-generate's tokens/s on the test split, beside the
+teacher's. Each step is kept in --work-dir ({preset}-convert/, beside the comparison's corpus {preset}/) and skipped
+when run again. Writes results/convert_study/{preset}.json, .md (the table, by convert_report.py) and .png (BLEU
+against total updates).
+"""
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from convert_report import write
+from fw_fairseq.experiments import attention_runs, catalog_corpus
+from fw_fairseq.experiments.attention_configs import CONFIGS as COMPARISON, PRESETS, model_flags
+
+REPO = Path(__file__).resolve().parents[2]
+TEACHER = "softmax"
+# a configuration of the comparison (attention_configs.CONFIGS) -> whether its map has parameters to distil
+CONFIGS = {
+    "dpfp2-sum-vconv3": False,
+    "hedgehog-trainable-sum-vconv3": True,
+    "t2r32-sum-vconv3": True,
+    "dpfp2-delta-dec-l2-vconv3": False,
+}
+# fine-tuning: the preset's optimiser with a short warm-up to a lower peak (the teacher ends near 6e-4)
+FINETUNE = ["--lr", "1e-3", "--warmup-updates", "50"]
+DISTIL = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-2", "--clip-norm", "1.0",
+          "--criterion", "fw_attention_distillation"]
+SPEED = re.compile(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in [\d.]+s \([\d.]+ sentences/s, ([\d.]+) tokens/s\)")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=list(PRESETS), default="demo")
+    parser.add_argument("--teacher-updates", type=int, default=2000)
+    parser.add_argument("--totals", type=int, nargs="+", default=[200, 400], metavar="T")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="NAME")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, default=REPO / "compare_work")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "results/convert_study")
+    args = parser.parse_args(argv)
+    if min(args.totals) < 8 or args.teacher_updates < 10:
+        parser.error("--totals must be >= 8 (a quarter of it distils) and --teacher-updates >= 10")
+    return args
+
+
+def finish(work, name, record, checkpoint):
+    """A trained run's record: BLEU, valid loss and decoding tokens/s of `checkpoint` on the test split."""
+    out = work.dir / f"generate.{name}.txt"
+    hypotheses = attention_runs.translate(work.data, checkpoint, out)
+    record.update(attention_runs.score(hypotheses, work.references))
+    speed = SPEED.search(out.read_text())
+    record.update(valid_loss=record["curve"][-1][1] if record["curve"] else None,
+                  tokens_per_second=float(speed[1]) if speed else None)
+    return record
+
+
+def stored(work, name, make):
+    """{name}.json in the study's runs/, made by `make()` when it is not there (a re-run continues)."""
+    path = work.dir / "runs" / f"{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start, record = time.time(), make()
+    record["wall_seconds"] = round(time.time() - start, 1)
+    path.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    return record
+
+
+def train(work, name, flags, updates):
+    save = work.dir / "checkpoints" / name
+    record = attention_runs.train(work.data, save, flags, updates, max(1, updates // 4),
+                                  work.dir / f"train.{name}.log", name)
+    return record, save / "checkpoint_last.pt"
+
+
+def teacher(args, work):
+    name = f"{TEACHER}.s{args.seed}.u{args.teacher_updates}"
+
+    def make():
+        record, checkpoint = train(work, name, model_flags(args.preset, TEACHER, args.seed), args.teacher_updates)
+        return finish(work, name, record, checkpoint)
+    return name, stored(work, name, make)
+
+
+def convert(args, work, config, teacher_name):
+    """The teacher converted to `config`'s --fw-* flags: converted/{config}.pt in the study's folder."""
+    out = work.dir / "converted" / f"{config}.pt"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fw = COMPARISON[config][1]  # its --fw-* flags alone
+        command = [sys.executable, REPO / "scripts/convert/convert_softmax.py",
+                   "--from", work.dir / "checkpoints" / teacher_name / "checkpoint_last.pt", "--to", out,
+                   "--data", work.data, *fw]
+        done = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"convert_softmax.py failed for {config}: {(done.stderr.strip().splitlines() or [''])[-1]}")
+    return out
+
+
+def converted_run(args, work, config, total, distil, teacher_name):
+    """Convert, distil total / 4 updates where `distil`, fine-tune the rest."""
+    name = f"{config}.from-{teacher_name}.{'distil.' if distil else ''}t{total}"
+
+    def make():
+        start = convert(args, work, config, teacher_name)
+        flags = model_flags(args.preset, config, args.seed)  # [*arch, *training, *fw, --seed]
+        arch, fw = PRESETS[args.preset][1], COMPARISON[config][1]
+        tune = total
+        if distil:
+            tune = total - total // 4
+            _, start = train(work, name + ".distil", [*arch, *fw, *DISTIL, "--max-tokens", "2048",
+                                                     "--finetune-from-model", start, "--seed", str(args.seed)],
+                             total // 4)
+        record, checkpoint = train(work, name, [*flags, *FINETUNE, "--finetune-from-model", start], tune)
+        return finish(work, name, record, checkpoint)
+    return stored(work, name, make)
+
+
+def scratch_run(args, work, config, total):
+    name = f"{config}.s{args.seed}.u{total}"
+
+    def make():
+        record, checkpoint = train(work, name, model_flags(args.preset, config, args.seed), total)
+        return finish(work, name, record, checkpoint)
+    return stored(work, name, make)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    corpus = args.work_dir / args.preset  # the comparison's corpus; the study's runs beside it, apart from its runs
+    print(catalog_corpus.prepare(corpus, 500, PRESETS[args.preset][0], what="convert_study", long_split=False),
+          flush=True)
+    work = SimpleNamespace(data=corpus / "data-bin", references=(corpus / "raw/test.de").read_text().splitlines(),
+                           dir=args.work_dir / f"{args.preset}-convert")
+    start = time.time()
+    teacher_name, teacher_record = teacher(args, work)
+    runs = []
+    for config in args.configs:
+        for total in args.totals:
+            runs.append({"config": config, "total": total, "start": "scratch", **scratch_run(args, work, config, total)})
+            kinds = (False, True) if CONFIGS[config] else (False,)
+            for distil in kinds:
+                record = converted_run(args, work, config, total, distil, teacher_name)
+                runs.append({"config": config, "total": total, "start": "distilled" if distil else "converted",
+                             **record})
+    results = {"benchmark": "convert_study", "preset": args.preset, "seed": args.seed,
+               "teacher": {"updates": args.teacher_updates, **teacher_record}, "totals": args.totals,
+               "finetune": FINETUNE, "distil": DISTIL, "machine": platform.machine(),
+               "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
+               "wall_minutes": round((time.time() - start) / 60, 1), "runs": runs}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / args.preset
+    stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
+    print(write(stem, results))
+
+
+if __name__ == "__main__":
+    main()
