@@ -1,6 +1,7 @@
 """Pure tensor maths of fast weight programmers: update rules and feature maps (no fairseq here)."""
 from fw_fairseq.ops.rules.dispatch import fast_weight_read
-from fw_fairseq.ops.maps.feature_maps import FEATURE_MAPS, FavorPlus, FeatureMap, dpfp, elu_plus_one, feature_map
+from fw_fairseq.ops.maps.factory import FEATURE_MAPS, feature_map
+from fw_fairseq.ops.maps.feature_maps import FavorPlus, FeatureMap, dpfp, elu_plus_one
 from fw_fairseq.ops.maps.normalize_function import PHI_NORMS, l2_normalize, phi_scale, sum_normalize
 from fw_fairseq.ops.rules.public import (fast_weight_attend, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum,
                                         fast_weight_write)

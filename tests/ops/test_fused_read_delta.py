@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from fw_fairseq.ops.maps.feature_maps import feature_map  # noqa: E402
+from fw_fairseq.ops.maps.factory import feature_map  # noqa: E402
 from fw_fairseq.ops.rules.delta.fused_read import delta_read  # noqa: E402
 from fw_fairseq.ops.fused_read.launch import map_spec  # noqa: E402
 from fw_fairseq.ops.rules.public import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta  # noqa: E402

@@ -7,7 +7,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from fw_fairseq.ops.maps.feature_maps import feature_map  # noqa: E402
+from fw_fairseq.ops.maps.factory import feature_map  # noqa: E402
 from fw_fairseq.ops.rules.public import fused_read  # noqa: E402
 from fw_fairseq.ops.common.z_column import Z_EPS  # noqa: E402
 

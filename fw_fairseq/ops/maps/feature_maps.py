@@ -4,7 +4,7 @@ All maps act on the last dimension and keep every leading dimension, e.g. [B, H,
 learned maps (learned.py: T2R, trainable Hedgehog) hold per-head parameters and take [..., H, T, d].
 Each map is a FeatureMap object (fast-transformers' feature_maps/base.py is the pattern), called the
 same way whatever the map: `phi(x, is_query)`, `phi.out_dim` (E), `phi.redraw()` (a no-op except for
-FAVOR+'s random features); `feature_map(name, d_key, nu, m)` builds one from the flags' values and
+FAVOR+'s random features); `feature_map(name, d_key, nu, m)` (factory.py) builds one from the flags' values and
 checks its arguments. The plain functions elu_plus_one and dpfp are the maps' maths. A map is its maths
 only: the reads from raw heads (ops/rules/raw_read.py) and what a decoding cache keeps of a key
 (fw_fairseq/decoding/key_cache.py) look the map up by its row form (kernel_map) or its type.
@@ -199,27 +199,3 @@ class FavorPlus(FeatureMap):
         dtype = state_dtype(x.dtype)
         return eager_form(FavorFunction, favor_plus, lambda t, *args: favor_forward(t, *args)[0],
                            x.to(dtype), self.projection.to(dtype), is_query)
-
-
-# below the classes they build on: learned.py imports FeatureMap and Hedgehog from here
-from fw_fairseq.ops.maps.learned import T2r, TrainableHedgehog  # noqa: E402
-
-FEATURE_MAPS = ("elu", "dpfp", "favor", "hedgehog", "t2r")
-
-
-def feature_map(name, d_key, nu=None, m=None, fixed=False, heads=1, t2r_features=None, trainable=False):
-    """The FeatureMap `name` (one of FEATURE_MAPS) for d_key-wide heads: nu is DPFP's, m and fixed FAVOR+'s
-    number of random features (E = 2m) and redraw policy, t2r_features T2R's K (E = K), trainable Hedgehog's
-    per-head linear layer; heads is the learned maps' number of heads (their parameters are per head). Each is
-    checked by its map, ignored by the others."""
-    if name == "elu":
-        return EluPlusOne(d_key)
-    if name == "dpfp":
-        return Dpfp(d_key, nu)
-    if name == "favor":
-        return FavorPlus(d_key, m, fixed)
-    if name == "hedgehog":
-        return TrainableHedgehog(d_key, heads) if trainable else Hedgehog(d_key)
-    if name == "t2r":
-        return T2r(d_key, heads, t2r_features)
-    raise ValueError(f"feature_map: name={name!r} is not allowed; allowed: {FEATURE_MAPS}")
