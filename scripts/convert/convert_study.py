@@ -40,6 +40,10 @@ CONFIGS = {
     "hedgehog-trainable-sum-vconv3": True,
     "t2r32-sum-vconv3": True,
     "dpfp2-delta-dec-l2-vconv3": False,
+    # hybrids: the teacher's softmax kept where a block's decoding cost does not grow with the output
+    # (cross-attention, the encoder), fast weights where it does (the decoder's self-attention)
+    "dpfp2-sum-softcross-vconv3": False,
+    "hybrid-delta-l2": False,
 }
 # fine-tuning: the preset's optimiser with a short warm-up to a lower peak (the teacher ends near 6e-4)
 FINETUNE = ["--lr", "1e-3", "--warmup-updates", "50"]
