@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402
 
-STARTS = ("scratch", "converted", "distilled")  # how a row's model began, in the table's order
+STARTS = ("scratch", "continued", "converted", "distilled")  # how a row's model began, in the table's order
 
 
 def _ratio(value, reference):
@@ -37,7 +37,8 @@ def table(results):
                      f"{_ratio(row['tokens_per_second'], teacher['tokens_per_second'])} |")
     lines += ["", "start: scratch = trained from random weights for the total; converted = the teacher's weights, "
               "fine-tuned for the total; distilled = converted, its attention distilled into the maps for a quarter "
-              "of the total, then fine-tuned for the rest. "
+              "of the total, then fine-tuned for the rest; continued = the teacher itself trained the total more, "
+              "with the fine-tuning's schedule. "
               f"{results['machine']}, {results['cpu_count']} threads, torch {results['torch']}; "
               f"{results['wall_minutes']} minutes."]
     return "\n".join(lines) + "\n"
@@ -47,7 +48,7 @@ def plot(results, path):
     configs = sorted({r["config"] for r in results["runs"]})
     fig, axes = plt.subplots(1, len(configs), figsize=(3.2 * len(configs), 3.2), sharey=True, squeeze=False)
     for ax, config in zip(axes[0], configs):
-        for start, style in zip(STARTS, ("o:", "s-", "^-")):
+        for start, style in zip(STARTS, ("o:", "d--", "s-", "^-")):
             rows = sorted((r for r in results["runs"] if r["config"] == config and r["start"] == start),
                           key=lambda r: r["total"])
             if rows:

@@ -9,6 +9,7 @@
      (--criterion fw_attention_distillation, the maps alone), then fine-tuned T - T / 4: the distillation's updates
      count toward the total.
 3. The same configuration trained from scratch for T updates with the comparison's flags.
+4. The control: the teacher trained T more updates with the fine-tuning's schedule (softmax, "continued").
 
 Every model translates the test split as the comparison does (beam 4, detokenised sacreBLEU); its valid loss is the
 last validation of its (last) training; decoding speed is fairseq-generate's tokens/s on the test split, beside the
@@ -140,6 +141,19 @@ def converted_run(args, work, config, total, distil, teacher_name):
     return stored(work, name, make)
 
 
+def continued_run(args, work, total, teacher_name):
+    """The control: the teacher itself trained `total` more updates with the fine-tuning's schedule, so that a
+    converted model is also held against softmax given the same extra updates."""
+    name = f"{TEACHER}.from-{teacher_name}.t{total}"
+
+    def make():
+        start = work.dir / "checkpoints" / teacher_name / "checkpoint_last.pt"
+        flags = [*model_flags(args.preset, TEACHER, args.seed), *FINETUNE, "--finetune-from-model", start]
+        record, checkpoint = train(work, name, flags, total)
+        return finish(work, name, record, checkpoint)
+    return stored(work, name, make)
+
+
 def scratch_run(args, work, config, total):
     name = f"{config}.s{args.seed}.u{total}"
 
@@ -158,7 +172,8 @@ def main(argv=None):
                            dir=args.work_dir / f"{args.preset}-convert")
     start = time.time()
     teacher_name, teacher_record = teacher(args, work)
-    runs = []
+    runs = [{"config": TEACHER, "total": total, "start": "continued", **continued_run(args, work, total, teacher_name)}
+            for total in args.totals]
     for config in args.configs:
         for total in args.totals:
             runs.append({"config": config, "total": total, "start": "scratch", **scratch_run(args, work, config, total)})

@@ -1,6 +1,7 @@
 """scripts/convert/convert_study.py end to end on a small corpus, through the real fairseq CLIs: the teacher, a
 configuration trained from scratch, converted and fine-tuned, and converted, distilled and fine-tuned, each for the
-same total of updates; scored, tabled, plotted, and nothing trained again on a re-run."""
+same total of updates, and the teacher trained that total more (the control); scored, tabled, plotted, and nothing
+trained again on a re-run."""
 import json
 import shutil
 
@@ -22,7 +23,8 @@ def test_teacher_scratch_converted_and_distilled_at_equal_updates(data_bin, tmp_
     results = json.loads((tmp_path / "out/demo.json").read_text())
     assert results["teacher"]["updates"] == 12 and results["teacher"]["bleu"] >= 0
     runs = {run["start"]: run for run in results["runs"]}
-    assert set(runs) == {"scratch", "converted", "distilled"}
+    assert set(runs) == {"scratch", "continued", "converted", "distilled"}
+    assert runs["continued"]["config"] == "softmax"  # the control: the teacher trained the same total more
     study = tmp_path / "work/demo-convert"
     for start, run in runs.items():
         assert run["total"] == 8 and run["tokens_per_second"] > 0 and run["valid_loss"] > 0
@@ -32,8 +34,8 @@ def test_teacher_scratch_converted_and_distilled_at_equal_updates(data_bin, tmp_
     assert (study / "converted/t2r32-sum-vconv3.pt").is_file()
     table = (tmp_path / "out/demo.md").read_text()
     assert table in capsys.readouterr().out and (tmp_path / "out/demo.png").stat().st_size > 0
-    for start in runs:
-        assert f"| t2r32-sum-vconv3 | {start} | 8 |" in table
+    for start, run in runs.items():
+        assert f"| {run['config']} | {start} | 8 |" in table
     logs = {path: path.stat().st_mtime for path in study.glob("*.log")}
     convert_study.main(argv)  # every run stored: nothing trains or translates again
     assert {path: path.stat().st_mtime for path in study.glob("*.log")} == logs
