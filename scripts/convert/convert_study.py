@@ -170,7 +170,6 @@ def main(argv=None):
           flush=True)
     work = SimpleNamespace(data=corpus / "data-bin", references=(corpus / "raw/test.de").read_text().splitlines(),
                            dir=args.work_dir / f"{args.preset}-convert")
-    start = time.time()
     teacher_name, teacher_record = teacher(args, work)
     runs = [{"config": TEACHER, "total": total, "start": "continued", **continued_run(args, work, total, teacher_name)}
             for total in args.totals]
@@ -186,7 +185,8 @@ def main(argv=None):
                "teacher": {"updates": args.teacher_updates, **teacher_record}, "totals": args.totals,
                "finetune": FINETUNE, "distil": DISTIL, "machine": platform.machine(),
                "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
-               "wall_minutes": round((time.time() - start) / 60, 1), "runs": runs}
+               # every stored run's own training and scoring time, the teacher's included (runs made earlier count)
+               "wall_minutes": round(sum(r["wall_seconds"] for r in [teacher_record, *runs]) / 60, 1), "runs": runs}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / args.preset
     stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
