@@ -91,20 +91,27 @@ def stored(work, name, make):
     return record
 
 
+def last_checkpoint(work, name):
+    return work.dir / "checkpoints" / name / "checkpoint_last.pt"
+
+
 def train(work, name, flags, updates):
-    save = work.dir / "checkpoints" / name
-    record = attention_runs.train(work.data, save, flags, updates, max(1, updates // 4),
+    record = attention_runs.train(work.data, last_checkpoint(work, name).parent, flags, updates, max(1, updates // 4),
                                   work.dir / f"train.{name}.log", name)
-    return record, save / "checkpoint_last.pt"
+    return record, last_checkpoint(work, name)
+
+
+def trained(work, name, flags, updates):
+    """`name` trained `updates` updates with `flags` and scored, or its stored record."""
+    def make():
+        record, checkpoint = train(work, name, flags, updates)
+        return finish(work, name, record, checkpoint)
+    return stored(work, name, make)
 
 
 def teacher(args, work):
     name = f"{TEACHER}.s{args.seed}.u{args.teacher_updates}"
-
-    def make():
-        record, checkpoint = train(work, name, model_flags(args.preset, TEACHER, args.seed), args.teacher_updates)
-        return finish(work, name, record, checkpoint)
-    return name, stored(work, name, make)
+    return name, trained(work, name, model_flags(args.preset, TEACHER, args.seed), args.teacher_updates)
 
 
 def convert(args, work, config, teacher_name):
@@ -114,7 +121,7 @@ def convert(args, work, config, teacher_name):
         out.parent.mkdir(parents=True, exist_ok=True)
         fw = COMPARISON[config][1]  # its --fw-* flags alone
         command = [sys.executable, REPO / "scripts/convert/convert_softmax.py",
-                   "--from", work.dir / "checkpoints" / teacher_name / "checkpoint_last.pt", "--to", out,
+                   "--from", last_checkpoint(work, teacher_name), "--to", out,
                    "--data", work.data, *fw]
         done = subprocess.run([str(c) for c in command], capture_output=True, text=True)
         if done.returncode:
@@ -144,23 +151,13 @@ def converted_run(args, work, config, total, distil, teacher_name):
 def continued_run(args, work, total, teacher_name):
     """The control: the teacher itself trained `total` more updates with the fine-tuning's schedule, so that a
     converted model is also held against softmax given the same extra updates."""
-    name = f"{TEACHER}.from-{teacher_name}.t{total}"
-
-    def make():
-        start = work.dir / "checkpoints" / teacher_name / "checkpoint_last.pt"
-        flags = [*model_flags(args.preset, TEACHER, args.seed), *FINETUNE, "--finetune-from-model", start]
-        record, checkpoint = train(work, name, flags, total)
-        return finish(work, name, record, checkpoint)
-    return stored(work, name, make)
+    flags = [*model_flags(args.preset, TEACHER, args.seed), *FINETUNE,
+             "--finetune-from-model", last_checkpoint(work, teacher_name)]
+    return trained(work, f"{TEACHER}.from-{teacher_name}.t{total}", flags, total)
 
 
 def scratch_run(args, work, config, total):
-    name = f"{config}.s{args.seed}.u{total}"
-
-    def make():
-        record, checkpoint = train(work, name, model_flags(args.preset, config, args.seed), total)
-        return finish(work, name, record, checkpoint)
-    return stored(work, name, make)
+    return trained(work, f"{config}.s{args.seed}.u{total}", model_flags(args.preset, config, args.seed), total)
 
 
 def main(argv=None):
