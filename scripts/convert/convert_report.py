@@ -14,28 +14,53 @@ import matplotlib.pyplot as plt  # noqa: E402
 STARTS = ("scratch", "continued", "converted", "distilled")  # how a row's model began, in the table's order
 
 
-def _ratio(value, reference):
-    return "–" if value is None or not reference else f"{value / reference:.2f}×"
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def _number(value, digits):
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _ratio(value):
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def groups(results):
+    """(config, start, total) -> its runs, one per seed, in the table's order."""
+    rows = {}
+    for run in results["runs"]:
+        rows.setdefault((run["config"], run["start"], run["total"]), []).append(run)
+    return dict(sorted(rows.items(), key=lambda item: (item[0][0], item[0][2], STARTS.index(item[0][1]))))
+
+
+def row(runs, teachers):
+    """One table row: means over the seeds; a ratio to the teacher is taken per seed (against that seed's own
+    teacher), then averaged."""
+    def per_teacher(key):
+        return _mean([r[key] / teachers[r["seed"]][key] if r[key] and teachers[r["seed"]][key] else None
+                      for r in runs])
+    bleu = [r["bleu"] for r in runs]
+    return (f"{len(runs)} | {_number(_mean([r['valid_loss'] for r in runs]), 3)} | {_mean(bleu):.2f} | "
+            f"{' / '.join(f'{b:.2f}' for b in bleu)} | {_ratio(per_teacher('bleu'))} | "
+            f"{_number(_mean([r['tokens_per_second'] for r in runs]), 0)} | {_ratio(per_teacher('tokens_per_second'))}")
+
+
 def table(results):
-    teacher = results["teacher"]
-    lines = [f"Teacher: softmax, {teacher['updates']} updates of the `{results['preset']}` preset, seed "
-             f"{results['seed']}: BLEU {teacher['bleu']}, valid loss {_number(teacher['valid_loss'], 3)}, "
-             f"{_number(teacher['tokens_per_second'], 0)} tokens/s decoding the test split.", "",
-             "| configuration | start | total updates | valid loss | BLEU | × teacher BLEU | tokens/s | × teacher tokens/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    rows = sorted(results["runs"], key=lambda r: (r["config"], r["total"], STARTS.index(r["start"])))
-    for row in rows:
-        lines.append(f"| {row['config']} | {row['start']} | {row['total']} | {_number(row['valid_loss'], 3)} | "
-                     f"{row['bleu']:.2f} | {_ratio(row['bleu'], teacher['bleu'])} | "
-                     f"{_number(row['tokens_per_second'], 0)} | "
-                     f"{_ratio(row['tokens_per_second'], teacher['tokens_per_second'])} |")
-    lines += ["", "start: scratch = trained from random weights for the total; converted = the teacher's weights, "
+    teachers = {t["seed"]: t for t in results["teachers"]}
+    def listed(key, digits):
+        return " / ".join(_number(t[key], digits) for t in results["teachers"])
+    lines = [f"Teachers: softmax, {results['teachers'][0]['updates']} updates of the `{results['preset']}` preset, "
+             f"seed{'s' if len(teachers) > 1 else ''} {' / '.join(str(s) for s in teachers)}: BLEU {listed('bleu', 2)}, valid loss "
+             f"{listed('valid_loss', 3)}, {listed('tokens_per_second', 0)} tokens/s decoding the test split.", "",
+             "| configuration | start | total updates | seeds | valid loss | BLEU | BLEU per seed | × teacher BLEU | "
+             "tokens/s | × teacher tokens/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (config, start, total), runs in groups(results).items():
+        lines.append(f"| {config} | {start} | {total} | {row(runs, teachers)} |")
+    lines += ["", "Means over the seeds; a ratio is taken against the same seed's teacher, then averaged. "
+              "start: scratch = trained from random weights for the total; converted = the teacher's weights, "
               "fine-tuned for the total; distilled = converted, its attention distilled into the maps for a quarter "
               "of the total, then fine-tuned for the rest; continued = the teacher itself trained the total more, "
               "with the fine-tuning's schedule. "
@@ -45,19 +70,21 @@ def table(results):
 
 
 def plot(results, path):
-    configs = sorted({r["config"] for r in results["runs"]})
+    rows = groups(results)
+    configs = sorted({config for config, _, _ in rows})
     fig, axes = plt.subplots(1, len(configs), figsize=(3.2 * len(configs), 3.2), sharey=True, squeeze=False)
     for ax, config in zip(axes[0], configs):
         for start, style in zip(STARTS, ("o:", "d--", "s-", "^-")):
-            rows = sorted((r for r in results["runs"] if r["config"] == config and r["start"] == start),
-                          key=lambda r: r["total"])
-            if rows:
-                ax.plot([r["total"] for r in rows], [r["bleu"] for r in rows], style, label=start)
-        ax.axhline(results["teacher"]["bleu"], color="grey", lw=1, label=f"teacher ({results['teacher']['updates']} u.)")
+            points = sorted((total, _mean([r["bleu"] for r in runs]))
+                            for (c, s, total), runs in rows.items() if c == config and s == start)
+            if points:
+                ax.plot(*zip(*points), style, label=start)
+        teacher = _mean([t["bleu"] for t in results["teachers"]])
+        ax.axhline(teacher, color="grey", lw=1, label=f"teacher ({results['teachers'][0]['updates']} u.)")
         ax.set_title(config, fontsize=8)
         ax.set_xlabel("total updates")
         ax.legend(fontsize=6)  # per panel: a map without parameters has no distilled line
-    axes[0][0].set_ylabel("test BLEU")
+    axes[0][0].set_ylabel("test BLEU, mean over the seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,6 +1,6 @@
 """Converting a trained softmax model against training from scratch, at equal updates, on the German catalogs.
 
-    python scripts/convert/convert_study.py [--teacher-updates 2000] [--totals 200 400] [--seed 1]
+    python scripts/convert/convert_study.py [--teacher-updates 2000] [--totals 200 400] [--seeds 1 2 3]
 
 1. The teacher: the comparison's `softmax` row (its preset, `demo` unless --preset), trained --teacher-updates.
 2. For every configuration (CONFIGS) and total T of --totals, the teacher converted (convert_softmax.py), then
@@ -15,7 +15,7 @@ Every model translates the test split as the comparison does (beam 4, detokenise
 last validation of its (last) training; decoding speed is fairseq-generate's tokens/s on the test split, beside the
 teacher's. Each step is kept in --work-dir ({preset}-convert/, beside the comparison's corpus {preset}/) and skipped
 when run again. Writes results/convert_study/{preset}.json, .md (the table, by convert_report.py) and .png (BLEU
-against total updates).
+against total updates), every run of every seed, and the table's means over the seeds.
 """
 import argparse
 import json
@@ -59,7 +59,8 @@ def parse_args(argv=None):
     parser.add_argument("--teacher-updates", type=int, default=2000)
     parser.add_argument("--totals", type=int, nargs="+", default=[200, 400], metavar="T")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="NAME")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1],
+                        help="every step above for each seed, its own teacher included")
     parser.add_argument("--work-dir", type=Path, default=REPO / "compare_work")
     parser.add_argument("--out-dir", type=Path, default=REPO / "results/convert_study")
     args = parser.parse_args(argv)
@@ -109,14 +110,15 @@ def trained(work, name, flags, updates):
     return stored(work, name, make)
 
 
-def teacher(args, work):
-    name = f"{TEACHER}.s{args.seed}.u{args.teacher_updates}"
-    return name, trained(work, name, model_flags(args.preset, TEACHER, args.seed), args.teacher_updates)
+def teacher(args, work, seed):
+    name = f"{TEACHER}.s{seed}.u{args.teacher_updates}"
+    return name, trained(work, name, model_flags(args.preset, TEACHER, seed), args.teacher_updates)
 
 
 def convert(args, work, config, teacher_name):
-    """The teacher converted to `config`'s --fw-* flags: converted/{config}.pt in the study's folder."""
-    out = work.dir / "converted" / f"{config}.pt"
+    """The teacher converted to `config`'s --fw-* flags: converted/{config}.from-{teacher}.pt in the study's folder
+    (one per seed's teacher)."""
+    out = work.dir / "converted" / f"{config}.from-{teacher_name}.pt"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         fw = COMPARISON[config][1]  # its --fw-* flags alone
@@ -129,35 +131,52 @@ def convert(args, work, config, teacher_name):
     return out
 
 
-def converted_run(args, work, config, total, distil, teacher_name):
+def converted_run(args, work, config, total, distil, teacher_name, seed):
     """Convert, distil total / 4 updates where `distil`, fine-tune the rest."""
     name = f"{config}.from-{teacher_name}.{'distil.' if distil else ''}t{total}"
 
     def make():
         start = convert(args, work, config, teacher_name)
-        flags = model_flags(args.preset, config, args.seed)  # [*arch, *training, *fw, --seed]
+        flags = model_flags(args.preset, config, seed)  # [*arch, *training, *fw, --seed]
         arch, fw = PRESETS[args.preset][1], COMPARISON[config][1]
         tune = total
         if distil:
             tune = total - total // 4
             _, start = train(work, name + ".distil", [*arch, *fw, *DISTIL, "--max-tokens", "2048",
-                                                     "--finetune-from-model", start, "--seed", str(args.seed)],
+                                                     "--finetune-from-model", start, "--seed", str(seed)],
                              total // 4)
         record, checkpoint = train(work, name, [*flags, *FINETUNE, "--finetune-from-model", start], tune)
         return finish(work, name, record, checkpoint)
     return stored(work, name, make)
 
 
-def continued_run(args, work, total, teacher_name):
+def continued_run(args, work, total, teacher_name, seed):
     """The control: the teacher itself trained `total` more updates with the fine-tuning's schedule, so that a
     converted model is also held against softmax given the same extra updates."""
-    flags = [*model_flags(args.preset, TEACHER, args.seed), *FINETUNE,
+    flags = [*model_flags(args.preset, TEACHER, seed), *FINETUNE,
              "--finetune-from-model", last_checkpoint(work, teacher_name)]
     return trained(work, f"{TEACHER}.from-{teacher_name}.t{total}", flags, total)
 
 
-def scratch_run(args, work, config, total):
-    return trained(work, f"{config}.s{args.seed}.u{total}", model_flags(args.preset, config, args.seed), total)
+def scratch_run(args, work, config, total, seed):
+    return trained(work, f"{config}.s{seed}.u{total}", model_flags(args.preset, config, seed), total)
+
+
+def seed_runs(args, work, seed):
+    """The teacher of `seed`, and every run made from it or beside it, each with its seed."""
+    teacher_name, teacher_record = teacher(args, work, seed)
+    runs = [{"config": TEACHER, "total": total, "start": "continued",
+             **continued_run(args, work, total, teacher_name, seed)} for total in args.totals]
+    for config in args.configs:
+        for total in args.totals:
+            runs.append({"config": config, "total": total, "start": "scratch",
+                         **scratch_run(args, work, config, total, seed)})
+            kinds = (False, True) if CONFIGS[config] else (False,)
+            for distil in kinds:
+                record = converted_run(args, work, config, total, distil, teacher_name, seed)
+                runs.append({"config": config, "total": total, "start": "distilled" if distil else "converted",
+                             **record})
+    return {"seed": seed, "updates": args.teacher_updates, **teacher_record}, [{"seed": seed, **r} for r in runs]
 
 
 def main(argv=None):
@@ -167,23 +186,16 @@ def main(argv=None):
           flush=True)
     work = SimpleNamespace(data=corpus / "data-bin", references=(corpus / "raw/test.de").read_text().splitlines(),
                            dir=args.work_dir / f"{args.preset}-convert")
-    teacher_name, teacher_record = teacher(args, work)
-    runs = [{"config": TEACHER, "total": total, "start": "continued", **continued_run(args, work, total, teacher_name)}
-            for total in args.totals]
-    for config in args.configs:
-        for total in args.totals:
-            runs.append({"config": config, "total": total, "start": "scratch", **scratch_run(args, work, config, total)})
-            kinds = (False, True) if CONFIGS[config] else (False,)
-            for distil in kinds:
-                record = converted_run(args, work, config, total, distil, teacher_name)
-                runs.append({"config": config, "total": total, "start": "distilled" if distil else "converted",
-                             **record})
-    results = {"benchmark": "convert_study", "preset": args.preset, "seed": args.seed,
-               "teacher": {"updates": args.teacher_updates, **teacher_record}, "totals": args.totals,
-               "finetune": FINETUNE, "distil": DISTIL, "machine": platform.machine(),
+    teachers, runs = [], []
+    for seed in args.seeds:
+        seed_teacher, seed_rows = seed_runs(args, work, seed)
+        teachers.append(seed_teacher)
+        runs += seed_rows
+    results = {"benchmark": "convert_study", "preset": args.preset, "seeds": args.seeds, "teachers": teachers,
+               "totals": args.totals, "finetune": FINETUNE, "distil": DISTIL, "machine": platform.machine(),
                "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
-               # every stored run's own training and scoring time, the teacher's included (runs made earlier count)
-               "wall_minutes": round(sum(r["wall_seconds"] for r in [teacher_record, *runs]) / 60, 1), "runs": runs}
+               # every stored run's own training and scoring time, the teachers' included (runs made earlier count)
+               "wall_minutes": round(sum(r["wall_seconds"] for r in [*teachers, *runs]) / 60, 1), "runs": runs}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / args.preset
     stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))

@@ -21,21 +21,22 @@ def test_teacher_scratch_converted_and_distilled_at_equal_updates(data_bin, tmp_
             "--totals", "8", "--configs", "t2r32-sum-vconv3"]
     convert_study.main(argv)
     results = json.loads((tmp_path / "out/demo.json").read_text())
-    assert results["teacher"]["updates"] == 12 and results["teacher"]["bleu"] >= 0
+    [teacher] = results["teachers"]
+    assert teacher["updates"] == 12 and teacher["seed"] == 1 and teacher["bleu"] >= 0
     runs = {run["start"]: run for run in results["runs"]}
     assert set(runs) == {"scratch", "continued", "converted", "distilled"}
     assert runs["continued"]["config"] == "softmax"  # the control: the teacher trained the same total more
     study = tmp_path / "work/demo-convert"
     for start, run in runs.items():
-        assert run["total"] == 8 and run["tokens_per_second"] > 0 and run["valid_loss"] > 0
+        assert run["total"] == 8 and run["seed"] == 1 and run["tokens_per_second"] > 0 and run["valid_loss"] > 0
         assert run["curve"][-1][0] == (6 if start == "distilled" else 8)  # the distillation's 2 count
     distil_log = next(study.glob("train.*.distil.t8.distil.log")).read_text()
     assert "fw_attention_distillation" in distil_log and '"num_updates": "2"' in distil_log
-    assert (study / "converted/t2r32-sum-vconv3.pt").is_file()
+    assert (study / "converted/t2r32-sum-vconv3.from-softmax.s1.u12.pt").is_file()  # one per seed's teacher
     table = (tmp_path / "out/demo.md").read_text()
     assert table in capsys.readouterr().out and (tmp_path / "out/demo.png").stat().st_size > 0
     for start, run in runs.items():
-        assert f"| {run['config']} | {start} | 8 |" in table
+        assert f"| {run['config']} | {start} | 8 | 1 |" in table
     logs = {path: path.stat().st_mtime for path in study.glob("*.log")}
     convert_study.main(argv)  # every run stored: nothing trains or translates again
     assert {path: path.stat().st_mtime for path in study.glob("*.log")} == logs
