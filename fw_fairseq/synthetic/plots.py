@@ -3,16 +3,7 @@
 `cells` are result dicts as written by scripts/synthetic/synthetic_retrieval.py: model, S, best_eval_loss,
 curve [[step, eval_loss], ...], ...
 """
-import logging
-
-# importing fairseq (via fw_fairseq) may leave the root logger at DEBUG; matplotlib's import and font
-# lookup then flood the log, so its logger is quietened before the import
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
-
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
+from fw_fairseq.experiments.plotting import plt
 
 
 def _by_model(cells, order):

@@ -6,10 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a server
-import matplotlib.pyplot as plt  # noqa: E402
+from fw_fairseq.experiments.plotting import plt
 
 STARTS = ("scratch", "continued", "converted", "distilled")  # how a row's model began, in the table's order
 

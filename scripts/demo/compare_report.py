@@ -7,10 +7,7 @@ file (same preset and updates). Used by scripts/demo/compare_attention.py, also 
 import statistics
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a server
-import matplotlib.pyplot as plt  # noqa: E402
+from fw_fairseq.experiments.plotting import plt
 
 
 def _mean(values):
