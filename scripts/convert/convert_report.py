@@ -46,11 +46,13 @@ def row(runs, teachers):
 
 def table(results):
     teachers = {t["seed"]: t for t in results["teachers"]}
+
     def listed(key, digits):
         return " / ".join(_number(t[key], digits) for t in results["teachers"])
+    seeds = f"seed{'s' if len(teachers) > 1 else ''} {' / '.join(str(s) for s in teachers)}"
     lines = [f"Teachers: softmax, {results['teachers'][0]['updates']} updates of the `{results['preset']}` preset, "
-             f"seed{'s' if len(teachers) > 1 else ''} {' / '.join(str(s) for s in teachers)}: BLEU {listed('bleu', 2)}, valid loss "
-             f"{listed('valid_loss', 3)}, {listed('tokens_per_second', 0)} tokens/s decoding the test split.", "",
+             f"{seeds}: BLEU {listed('bleu', 2)}, valid loss {listed('valid_loss', 3)}, "
+             f"{listed('tokens_per_second', 0)} tokens/s decoding the test split.", "",
              "| configuration | start | total updates | seeds | valid loss | BLEU | BLEU per seed | × teacher BLEU | "
              "tokens/s | × teacher tokens/s |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
