@@ -3,7 +3,7 @@
 `cells` are result dicts as written by scripts/synthetic/synthetic_retrieval.py: model, S, best_eval_loss,
 curve [[step, eval_loss], ...], ...
 """
-from fw_fairseq.experiments.plotting import plt
+from fw_fairseq.experiments.reports import plt
 
 
 def _by_model(cells, order):

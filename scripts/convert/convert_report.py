@@ -6,14 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from fw_fairseq.experiments.plotting import plt
+from fw_fairseq.experiments.reports import mean as _mean, plt
 
 STARTS = ("scratch", "continued", "converted", "distilled")  # how a row's model began, in the table's order
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _number(value, digits):

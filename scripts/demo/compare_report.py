@@ -7,12 +7,7 @@ file (same preset and updates). Used by scripts/demo/compare_attention.py, also 
 import statistics
 from pathlib import Path
 
-from fw_fairseq.experiments.plotting import plt
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
+from fw_fairseq.experiments.reports import mean as _mean, plt
 
 
 def _ratio(value, reference):
