@@ -19,6 +19,7 @@ where it fits the node's Triton, else by compiling them here, so that the timed 
 """
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -100,6 +101,9 @@ class Check:
         cuda_bin = Path(self.env.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
         sanitizer = shutil.which("compute-sanitizer") or (str(cuda_bin) if cuda_bin.exists() else "compute-sanitizer")
         fused_tests = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests" / "ops").glob("test_fused_read*.py"))]
+        # each parity case compiles its own kernels (one per map, mode and size class): spread over the cores
+        # where pytest-xdist is there, else Triton's compiles alone take most of the step's limit
+        spread = ["-n", str(min(8, os.cpu_count() or 1))] if importlib.util.find_spec("xdist") else []
         return {
             "environment": [py, str(HERE / "gpu_check.py"), "--environment-only", "--out", str(out)],
             "install_kit": [py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
@@ -119,7 +123,8 @@ class Check:
             "warm_triton": [py, str(HERE / "gpu_triton_cache.py"), "--cache", str(site / "triton_cache"),
                             "--device", "cuda"],
             # None where the checkout has none yet: pytest given no file would run every test
-            "pytest_fused": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *fused_tests] if fused_tests else None,
+            "pytest_fused": ([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, *fused_tests]
+                             if fused_tests else None),
             "bench_fused": [py, str(REPO / "benchmarks" / "bench_fused_read_gpu.py"), "--quick", "--out",
                             str(out / "bench_fused_read.json")],
             "pytest_cuda": [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda"],
