@@ -1,7 +1,7 @@
 """A whole transformer_fw through the fused read (fw_fairseq/ops/fused_read/) against its other path (phi formed in
-memory, or the CPU kernels), in float64: the training forward with a left-padded source (encoder self-, decoder self-
-and cross-attention, each block through the fused read), its loss and every parameter's gradient. Without a GPU the
-fused read runs under Triton's interpreter on the CPU (tests/conftest.py)."""
+memory, or the CPU kernels), in float64 (float32 on a GPU): the training forward with a left-padded source (encoder
+self-, decoder self- and cross-attention, each block through the fused read), its loss and every parameter's
+gradient. Without a GPU the fused read runs under Triton's interpreter on the CPU (tests/conftest.py)."""
 import pytest
 import torch
 
@@ -11,6 +11,9 @@ from factories import build_model, random_tokens  # noqa: E402
 from fw_fairseq.ops.fused_read import dispatch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# compiled for CUDA the fused read takes float32 (launch.CUDA_DTYPES), and the other path runs the column kernels in
+# float32 too: the two sum in different orders
+DTYPE, TOL = (torch.float64, 1e-9) if DEVICE == "cpu" else (torch.float32, 1e-4)
 # 1+1 layers: the interpreter runs a kernel at about a millisecond an op; every map and rule has its own op tests
 ONE_LAYER = ["--encoder-layers", "1", "--decoder-layers", "1"]
 CONFIGS = {
@@ -39,7 +42,7 @@ def loss_and_grads(model, src, lengths, prev):
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_model_through_the_fused_read_equals_its_other_path(config, monkeypatch):
     model, d = build_model(CONFIGS[config] + ONE_LAYER)
-    model.to(DEVICE).train()  # training: the blocks record autograd, so the fused Function's backward runs
+    model.to(DEVICE, DTYPE).train()  # training: the blocks record autograd, so the fused Function's backward runs
     for module in model.modules():
         if hasattr(module, "dropout_module"):
             module.dropout_module.p = 0.0
@@ -51,14 +54,13 @@ def test_model_through_the_fused_read_equals_its_other_path(config, monkeypatch)
     original = dispatch.read
     monkeypatch.setattr(dispatch, "read", lambda *args: calls.append(args[1].name) or original(*args))
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(dispatch, "CUDA_DTYPES", dispatch.CUDA_DTYPES + (torch.float64,))
     torch.manual_seed(1)  # FAVOR+ redraws R at every training forward: the same draw for both paths
     got, grads = loss_and_grads(model, src, lengths, prev)
     assert len(calls) == 3  # the encoder self-, decoder self- and cross-attention blocks
-    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got, expected, rtol=TOL, atol=TOL)
     assert grads.keys() == expected_grads.keys()
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-8, atol=1e-9, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grad, expected_grads[name], rtol=TOL * 10, atol=TOL, msg=lambda m: f"{name}: {m}")
 
 
 def test_the_module_takes_the_fused_read_only_where_the_dispatch_does():

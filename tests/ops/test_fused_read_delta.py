@@ -2,7 +2,7 @@
 float64: phi of the raw heads normalised as the feature maps do it (FeatureMap.normalized), then the rules' ops over
 those features (fast_weight_delta, fast_weight_gated_delta causal, fast_weight_attend otherwise); outputs and the
 gradients of q, k, v, beta (and alpha) under a random upstream gradient. On a GPU the kernels run compiled on CUDA
-tensors; without one, under Triton's interpreter on CPU tensors."""
+tensors, in float32; without one, under Triton's interpreter on CPU tensors, in float64 (fused_parity.py)."""
 import os
 
 import pytest
@@ -17,8 +17,8 @@ from fw_fairseq.ops.maps.factory import feature_map  # noqa: E402
 from fw_fairseq.ops.rules.delta.fused_read import delta_read  # noqa: E402
 from fw_fairseq.ops.fused_read.launch import map_spec  # noqa: E402
 from fw_fairseq.ops.rules.public import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta  # noqa: E402
+from fused_parity import DEVICE, DTYPE, assert_parity, leaves, maps  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAPS = {"dpfp": dict(nu=2), "elu": {}, "hedgehog": {}, "favor": dict(m=12)}
 
 
@@ -32,9 +32,9 @@ def reference(phi, q, k, v, beta, alpha, causal, norm):
     return fast_weight_gated_delta(qh, kh, v, beta, alpha)[0]
 
 
-def inputs(B, H, Tq, T, d, M, gated, beta_max=1.0, pad=0, dtype=torch.float64, seed=0):
-    """q, k, v, beta in (0, beta_max), alpha in (0.5, 1) or None; batch entry 1's first `pad` positions padded
-    (beta = 0, v = 0, alpha = 1), as the attention module passes a left-padded source."""
+def values(B, H, Tq, T, d, M, gated, beta_max=1.0, pad=0, seed=0):
+    """q, k, v, beta in (0, beta_max), alpha in (0.5, 1) or None, float64 on the CPU; batch entry 1's first `pad`
+    positions padded (beta = 0, v = 0, alpha = 1), as the attention module passes a left-padded source."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in
                ((B, H, Tq, d), (B, H, T, d), (B, H, T, M)))
@@ -45,22 +45,27 @@ def inputs(B, H, Tq, T, d, M, gated, beta_max=1.0, pad=0, dtype=torch.float64, s
         beta[1, :, :pad] = 0.0
         if gated:
             alpha[1, :, :pad] = 1.0
-    return [x if x is None else x.to(DEVICE, dtype).requires_grad_() for x in (q, k, v, beta, alpha)]
+    return [q, k, v, beta, alpha]
 
 
-def check(name, d, Tq, T, causal, norm="sum", gated=False, M=5, B=2, H=1, tol=1e-10, **kw):
-    phi = feature_map(name, d, **{**MAPS[name], **kw.pop("map", {})}).double().to(DEVICE)
-    q, k, v, beta, alpha = inputs(B, H, Tq, T, d, M, gated, **kw)
-    wrt = [x for x in (q, k, v, beta, alpha) if x is not None]
-    ref = reference(phi, q, k, v, beta, alpha, causal, norm)
+def inputs(*args, dtype=DTYPE, **kw):
+    """values(...) as leaves of `dtype` on DEVICE."""
+    return [x if x is None else x.to(DEVICE, dtype).requires_grad_() for x in values(*args, **kw)]
+
+
+def check(name, d, Tq, T, causal, norm="sum", gated=False, M=5, B=2, H=1, **kw):
+    phi, phi_ref = maps(feature_map(name, d, **{**MAPS[name], **kw.pop("map", {})}))
+    kernel, ref_leaves = leaves(values(B, H, Tq, T, d, M, gated, **kw))
+    wrt, ref_wrt = ([x for x in xs if x is not None] for xs in (kernel, ref_leaves))
+    ref = reference(phi_ref, *ref_leaves, causal, norm)
     grad = torch.randn_like(ref)
-    expected = torch.autograd.grad(ref, wrt, grad)
-    out = delta_read(map_spec(phi), q, k, v, beta, alpha, causal, norm)
-    got = torch.autograd.grad(out, wrt, grad)
+    expected = torch.autograd.grad(ref, ref_wrt, grad)
+    out = delta_read(map_spec(phi), *kernel, causal, norm)
+    got = torch.autograd.grad(out, wrt, grad.to(out.dtype))
     assert out.shape == ref.shape
-    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    assert_parity(out, ref, "out")
     for which, a, b in zip(("q", "k", "v", "beta", "alpha"), got, expected):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"d{which}: {m}")
+        assert_parity(a, b, f"d{which}")
 
 
 @pytest.mark.parametrize("norm", ["sum", "l2"])
@@ -119,7 +124,7 @@ def test_half_heads_read_in_float32(dtype):
     q, k, v, beta, alpha = inputs(2, 1, 20, 20, 8, 6, True)
     half = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     out = delta_read(map_spec(phi), *half, beta.float(), alpha.float(), True, "sum")
-    ref = reference(phi.double(), *(x.double() for x in half), beta, alpha, True, "sum")
+    ref = reference(phi.double(), *(x.double() for x in (*half, beta, alpha)), True, "sum")
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
     out.sum().backward()
@@ -127,16 +132,16 @@ def test_half_heads_read_in_float32(dtype):
 
 
 def test_forward_alone_where_nothing_records():
-    phi = feature_map("elu", 8).double().to(DEVICE)
-    q, k, v, beta, _ = inputs(2, 1, 9, 9, 8, 3, False)
+    phi, phi_ref = maps(feature_map("elu", 8))
+    (q, k, v, beta, _), (rq, rk, rv, rbeta, _) = leaves(values(2, 1, 9, 9, 8, 3, False))
     with torch.no_grad():
         alone = delta_read(map_spec(phi), q, k, v, beta, None, True, "sum")
-        ref = reference(phi, q, k, v, beta, None, True, "sum")
-    torch.testing.assert_close(alone, ref, rtol=1e-10, atol=1e-10)
+        ref = reference(phi_ref, rq, rk, rv, rbeta, None, True, "sum")
+    assert_parity(alone, ref, "out")
 
 
 def test_bad_inputs_one_line_naming_the_argument():
-    phi = feature_map("dpfp", 8, nu=2).double()
+    phi = feature_map("dpfp", 8, nu=2).to(DTYPE)
     spec = map_spec(phi)
     q, k, v, beta, alpha = inputs(1, 1, 4, 4, 8, 3, True)
     cases = [

@@ -1,7 +1,7 @@
 """The sum rule's fused read (fw_fairseq/ops/fused_read/) against the composition it replaces, in float64: phi of the
 raw heads as the feature maps form it, P = mask(phi(q) phi(k)^T), y = P v / (rowsum(P) + Z_EPS), outputs and the
-gradients of q, k and v under a random upstream gradient. On a GPU the kernels run compiled on CUDA tensors; without
-one, under Triton's interpreter (tests/conftest.py) on CPU tensors."""
+gradients of q, k and v under a random upstream gradient. On a GPU the kernels run compiled on CUDA tensors, in float32;
+without one, under Triton's interpreter (tests/conftest.py) on CPU tensors, in float64 (fused_parity.py)."""
 import pytest
 import torch
 
@@ -10,8 +10,8 @@ triton = pytest.importorskip("triton")
 from fw_fairseq.ops.maps.factory import feature_map  # noqa: E402
 from fw_fairseq.ops.rules.public import fused_read  # noqa: E402
 from fw_fairseq.ops.common.z_column import Z_EPS  # noqa: E402
+from fused_parity import DEVICE, DTYPE, assert_parity, leaves, maps  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAPS = {"dpfp": dict(nu=2), "elu": {}, "hedgehog": {}, "favor": dict(m=12)}
 
 
@@ -26,11 +26,15 @@ def reference(phi, q, k, v, causal, mask):
     return scores @ v / (scores.sum(-1, keepdim=True) + Z_EPS)
 
 
-def heads(B, H, Tq, T, d, M, dtype=torch.float64, seed=0):
+def values(B, H, Tq, T, d, M, seed=0):
+    """q, k, v as float64 CPU tensors (fused_parity.leaves gives the kernel and the reference each their own)."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in
-               ((B, H, Tq, d), (B, H, T, d), (B, H, T, M)))
-    return [x.to(DEVICE, dtype).requires_grad_() for x in (q, k, v)]
+    shapes = ((B, H, Tq, d), (B, H, T, d), (B, H, T, M))
+    return [torch.randn(*shape, generator=g, dtype=torch.float64) for shape in shapes]
+
+
+def heads(B, H, Tq, T, d, M, dtype=DTYPE):
+    return [x.to(DEVICE, dtype).requires_grad_() for x in values(B, H, Tq, T, d, M)]
 
 
 def padding(B, T, side):
@@ -42,19 +46,19 @@ def padding(B, T, side):
     return mask.to(DEVICE) if side else None
 
 
-def check(name, d, Tq, T, causal, side=None, M=5, B=2, H=2, tol=1e-10, **kw):
-    phi = feature_map(name, d, **{**MAPS[name], **kw}).double().to(DEVICE)
-    q, k, v = heads(B, H, Tq, T, d, M)
+def check(name, d, Tq, T, causal, side=None, M=5, B=2, H=2, **kw):
+    phi, phi_ref = maps(feature_map(name, d, **{**MAPS[name], **kw}))
+    (q, k, v), (rq, rk, rv) = leaves(values(B, H, Tq, T, d, M))
     mask = padding(B, T, side)
-    ref = reference(phi, q, k, v, causal, mask)
+    ref = reference(phi_ref, rq, rk, rv, causal, mask)
     grad = torch.randn_like(ref)
-    expected = torch.autograd.grad(ref, (q, k, v), grad)
+    expected = torch.autograd.grad(ref, (rq, rk, rv), grad)
     out = fused_read(phi, "sum", q, k, v, (), causal, key_padding_mask=mask)
-    got = torch.autograd.grad(out, (q, k, v), grad)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(out.dtype))
     assert out.shape == ref.shape
-    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    assert_parity(out, ref, "out")
     for which, a, b in zip("qkv", got, expected):
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=lambda m: f"d{which}: {m}")
+        assert_parity(a, b, f"d{which}")
 
 
 @pytest.mark.parametrize("name", sorted(MAPS))
@@ -95,8 +99,16 @@ def test_float32_heads_and_output_layout():
     assert out.permute(2, 0, 1, 3).is_contiguous()
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="float64 is refused on CUDA only: the interpreter runs it")
+def test_float64_heads_on_cuda_refused_in_one_line():
+    phi = feature_map("dpfp", 8, nu=2).double().to(DEVICE)
+    with pytest.raises(ValueError, match="q is torch.float64 on CUDA; the compiled kernels take") as err:
+        fused_read(phi, "sum", *heads(1, 1, 4, 4, 8, 3, dtype=torch.float64), (), True)
+    assert "\n" not in str(err.value)
+
+
 def test_bad_inputs_one_line_naming_the_argument():
-    phi = feature_map("dpfp", 8, nu=2).double()
+    phi = feature_map("dpfp", 8, nu=2).to(DTYPE)
     q, k, v = heads(1, 1, 4, 4, 8, 3)
     cases = [
         (dict(q=q[..., :6]), "k "),

@@ -70,9 +70,16 @@ def test_a_step_with_nothing_to_run_is_recorded_as_skipped(tmp_path, monkeypatch
     (kit / "MANIFEST.json").write_text("{}")
     check = check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out")]))
     monkeypatch.setattr(check, "commands", lambda: {"pytest_fused": None})
-    check.run(check_script.plan("kernels", ["pytest_fused"]))
+    check.run([step for step in check_script.STEPS if step.name == "pytest_fused"])
     entry = json.loads((tmp_path / "out" / "check.json").read_text())["steps"][0]
     assert entry["status"] == "skipped" and entry["tail"] == "no tests/ops/test_fused_read*.py here"
+
+
+def test_only_keeps_the_environment_step_that_the_prebuilt_builds_are_matched_against():
+    """Without the node's torch, Python and capability (environment.json) no prebuilt build matches, and
+    --only build_fairseq would build fairseq from its sdist (over a minute of device time)."""
+    planned = [step.name for step in check_script.plan("fairseq", ["build_fairseq", "bench_fairseq"])]
+    assert planned == ["environment", "build_fairseq", "bench_fairseq"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -275,7 +275,8 @@ def parse_args(argv=None):
     parser.add_argument("--budget-s", type=float, help="seconds for the whole run (default: 540 per part, "
                         "1200 for all)")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], metavar="STEP",
-                        help="run only these steps of the part (stamped builds are still reused)")
+                        help="run only these steps of the part, and the environment step (stamped builds are still "
+                        "reused)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
     parser.add_argument("--environment-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -291,7 +292,9 @@ def parse_args(argv=None):
 
 
 def plan(part, only=None):
-    return [s for s in STEPS if (part == "all" or part in s.parts) and (not only or s.name in only)]
+    """The part's steps, or those of them --only names, and the environment step always: the kit's prebuilt builds
+    are matched against the node it records (gpu_prebuilt.unpack), so without it every build would run from source."""
+    return [s for s in STEPS if (part == "all" or part in s.parts) and (not only or s.name in (*only, "environment"))]
 
 
 def main(argv=None):

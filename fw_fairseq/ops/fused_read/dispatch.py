@@ -4,13 +4,20 @@ entry point by a rule's name is rules/public.py's fused_read.
 The fused read takes a block where all of these hold: the heads are on a device of DEVICES (CUDA; the tests add
 the CPU under Triton's interpreter), Triton imports, the dtype is one the device's kernels take (fp16, bf16, fp32 on
 CUDA: float64 stays on the column kernels and the chunked path), phi has a row form no wider than launch.MAX_E, the
-rule has a fused form, and T is within the crossover of CROSSOVER for the mode.
+rule has a fused form, and E and T are within the mode's entry of CROSSOVER.
 
-CROSSOVER is the longest T at which the fused read is the faster path, per mode (every rule's). Its entries are the
-kernel's own limit (launch.MAX_T) for every mode: the fused read recomputes phi per tile where the column kernels
-walk T step by step, so it wins at every length it takes by its operation count; benchmarks/bench_fused_read_gpu.py
-prints both paths side by side for the GPU at hand, and an entry comes down where it measures the column kernels
-faster.
+CROSSOVER holds, per mode (every rule's), the widest phi and the longest T at which the fused read is the faster
+path; past either a block takes the column kernels (causal) or the state form (non-causal). The entries come from
+benchmarks/results/gpu_h200_2026-11-27 (bench_fused_read_gpu.py on an H200, bf16, fwd+bwd, d = 64; the fused read
+against the path it replaces):
+- causal: faster at T = 32 (sum 2.29x, delta 2.08x at E = 256; 2.24x, 2.12x at E = 512), slower at T = 256 (0.86x,
+  0.82x). Between the two measured lengths the ratio, interpolated in log T, crosses 1 at T = 164 (delta) to 186
+  (sum): the entry is the power of two below, 128.
+- non-causal (encoder): faster at T = 32, E = 256 (1.55x), slower at T = 32, E = 512 (0.74x) and at T = 256 (0.34x):
+  here the state form costs T E M against the fused read's T^2 E, so the crossing comes early (T = 58 interpolated)
+  and the entry is 32, for phi up to E = 256.
+- cross: not measured apart; the same non-causal kernels as the encoder's, so the encoder's entry.
+bench_fused_read_gpu.py prints both paths side by side for the GPU at hand; an entry moves where it measures them.
 """
 import torch
 
@@ -18,9 +25,8 @@ from fw_fairseq.ops.maps.normalize_function import PHI_NORMS
 from fw_fairseq.ops.fused_read.available import kernels
 
 DEVICES = ("cuda",)
-CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MODES = ("causal", "encoder", "cross")
-CROSSOVER = {mode: 256 for mode in MODES}
+CROSSOVER = {"causal": (512, 128), "encoder": (256, 32), "cross": (256, 32)}  # mode -> (widest E, longest T)
 
 
 def takes(q):
@@ -28,9 +34,8 @@ def takes(q):
     the heads' dtype."""
     if q.device.type not in DEVICES or torch.compiler.is_compiling():
         return False
-    if q.is_cuda and q.dtype not in CUDA_DTYPES:
-        return False
-    return bool(kernels())
+    launch = kernels()
+    return bool(launch) and (not q.is_cuda or q.dtype in launch.CUDA_DTYPES)
 
 
 def _mode(causal, Tq, T):
@@ -44,8 +49,10 @@ def fused_read_for(phi, rule, q, k, v, scalars, causal, norm, key_padding_mask):
     launch = kernels()
     spec = launch.map_spec(phi)
     Tq, T = q.shape[2], k.shape[2]
-    limit = CROSSOVER[_mode(causal, Tq, T)]
-    if spec is None or spec.E > launch.MAX_E or max(Tq, T) > limit or k.dtype != q.dtype or v.dtype != q.dtype:
+    if spec is None or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    widest, longest = CROSSOVER[_mode(causal, Tq, T)]
+    if spec.E > min(widest, launch.MAX_E) or max(Tq, T) > longest:
         return None
     return read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask)
 

@@ -25,6 +25,10 @@ CHUNK_E = 64
 # 3 stages (over the H100's 227 KB), 160 KB with 1.
 NUM_STAGES = 1
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Compiled for CUDA the kernels take these; float64 runs only under Triton's interpreter (the parity tests): Triton
+# 3.6's float64 products failed to compile for the sum rule's non-causal reads on an H200 ("fp64 don't support
+# largeK MMA"), and float64 on CUDA goes to the column kernels anyway (dispatch.py)
+CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ def check_heads(fn, q, k, v, scalars, causal):
             raise ValueError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype not in _DTYPES:
             raise ValueError(f"{fn}: {name} has dtype {x.dtype}; allowed: float16, bfloat16, float32, float64")
+        if x.is_cuda and x.dtype not in CUDA_DTYPES:
+            raise ValueError(f"{fn}: {name} is {x.dtype} on CUDA; the compiled kernels take float16, bfloat16, "
+                             "float32 (float64 reads run on the column kernels)")
         if x.device != q.device:
             raise ValueError(f"{fn}: {name} is on {x.device} but q is on {q.device}; all inputs must share a device")
         rank = 3 if name in scalars else 4
