@@ -64,6 +64,14 @@ CONFIGS = {
     # changes its key's slot by beta ||phi(k)||^2 of the difference, so repeated writes of one pair keep adding
     "dpfp2-delta-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                         "--fw-delta-norm", "sum", *CONV3]),
+    # the delta configuration with a forget gate (the gated delta rule, L2): every step also decays the whole state
+    # by alpha, so in a loop the rest of the memory keeps moving while the repeated pair is rewritten
+    "dpfp2-gated-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
+                                           "--fw-delta-norm", "l2", *CONV3]),
+    # the delta configuration with beta in (0, 2): a write of a pair its key already holds overshoots the value
+    # when beta > 1, so a repeated write flips the slot's error instead of fading to nothing
+    "dpfp2-delta-dec-l2-bmax2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                 "--fw-delta-norm", "l2", "--fw-delta-beta-max", "2", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
     # the learned maps of converted softmax models (scripts/convert/convert_study.py trains them from scratch too)
