@@ -68,6 +68,9 @@ CONFIGS = {
     # by alpha, so in a loop the rest of the memory keeps moving while the repeated pair is rewritten
     "dpfp2-gated-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                            "--fw-delta-norm", "l2", *CONV3]),
+    # the gated delta rule with the paper's sum-normalised phi: the forget gate's quality, repeated writes that add
+    "dpfp2-gated-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
+                                        "--fw-delta-norm", "sum", *CONV3]),
     # the delta configuration with beta in (0, 2): a write of a pair its key already holds overshoots the value
     # when beta > 1, so a repeated write flips the slot's error instead of fading to nothing
     "dpfp2-delta-dec-l2-bmax2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
