@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from fw_fairseq.experiments.fused_read_cases import (CASES, DTYPES, NORM, QUICK, RULE_CASES, in_layout, leaves,
-                                                     make_inputs)
+                                                     make_inputs, rel_err)
 from fw_fairseq.ops import RULES, append_z_column, divide_by_z, fast_weight_attend, feature_map
 
 TOLERANCE = {"bf16": 5e-2, "fp16": 5e-2, "fp32": 1e-3, "fp64": 1e-9}  # max relative error, output and gradients
@@ -100,13 +100,6 @@ def poison(device, nbytes=1 << 30):
         torch.cuda.empty_cache()
         block = torch.full((nbytes // 4,), float("nan"), device=device)
         del block
-
-
-def rel_err(x, ref):
-    """max |x - ref| / max |ref|; 1.0 (all of it wrong) for a gradient the method did not give."""
-    if x is None:
-        return 1.0
-    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
 def reference(phi, rule, causal, norm, values, upstream):

@@ -1,6 +1,7 @@
 """The fused read's benchmark cases (benchmarks/bench_fused_read_gpu.py): their shapes and dtypes, their inputs,
-and the reads of each rule. tools/gpu_node/gpu_triton_cache.py compiles the fused read's kernels for the same
-launches, so the cache it makes is the one the benchmark hits.
+the reads of each rule, and the error they are judged by (rel_err, which the parity tests on a GPU use too).
+tools/gpu_node/gpu_triton_cache.py compiles the fused read's kernels for the same launches, so the cache it makes is
+the one the benchmark hits.
 """
 import torch
 
@@ -46,3 +47,10 @@ def leaves(values, rule, layout, dtype):
 def in_layout(x, layout):
     """A head-first [B, H, T, *] or [B, H, T] tensor in a method's layout."""
     return seq_first(x) if layout == "seq" else x
+
+
+def rel_err(x, ref):
+    """max |x - ref| / max |ref|; 1.0 (all of it wrong) for a gradient the method did not give."""
+    if x is None:
+        return 1.0
+    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()

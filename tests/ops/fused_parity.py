@@ -10,6 +10,8 @@ import copy
 
 import torch
 
+from fw_fairseq.experiments.fused_read_cases import rel_err
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float64 if DEVICE == "cpu" else torch.float32
 FP64_TOL = 1e-10
@@ -36,5 +38,5 @@ def assert_parity(got, want, what):
     if DTYPE == torch.float64:
         torch.testing.assert_close(got, want, rtol=FP64_TOL, atol=FP64_TOL, msg=lambda m: f"{what}: {m}")
         return
-    error = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    error = rel_err(got, want)
     assert error <= FP32_BOUND, f"{what}: max |got - ref| / max |ref| = {error:.2e} > {FP32_BOUND:g}"
