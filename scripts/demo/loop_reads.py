@@ -10,13 +10,18 @@ import torch
 import torch.nn.functional as F
 
 
-def teacher_forced(model, source, target):
-    """Per-token log-probabilities [T] of `target` (ending in eos) given `source` (ending in eos)."""
-    eos = model.decoder.dictionary.eos()
-    prev = torch.cat([target.new_tensor([eos]), target[:-1]])
+def next_token_lprobs(model, source, target, eos):
+    """Log-probabilities [T, V] of every next token along `target` (ending in eos) given `source` (ending in eos),
+    teacher-forced: the decoder's input is `target` shifted right behind eos."""
+    prev = torch.cat([target.new_tensor([eos]), target[:-1]])  # [T]
     with torch.no_grad():
         net = model(source[None], torch.tensor([source.numel()]), prev[None])
-        lprobs = model.get_normalized_probs(net, log_probs=True)[0]
+        return model.get_normalized_probs(net, log_probs=True)[0]
+
+
+def teacher_forced(model, source, target):
+    """Per-token log-probabilities [T] of `target` (ending in eos) given `source` (ending in eos)."""
+    lprobs = next_token_lprobs(model, source, target, model.decoder.dictionary.eos())
     return lprobs.gather(-1, target[:, None])[:, 0].to(torch.float64)
 
 

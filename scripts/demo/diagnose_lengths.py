@@ -1,0 +1,110 @@
+"""Why a configuration's translations are shorter than another's: BLEU split into its brevity penalty and its n-gram
+precisions, and where the model puts the end of a message.
+
+For each run of a compare_attention results file (grouped by configuration, means over the seeds):
+
+  BLEU         from the results file: BLEU = BP x (geometric mean of the 1-4-gram precisions), BP = exp(1 - 1/r) for
+               a length ratio r < 1, so "BLEU / BP" is what the run would score at the references' length
+  end of text  on the split's references, teacher-forced (float64 log-probabilities of the checkpoint): the negative
+               log-probability per token of the words (eos left out), of eos where the reference ends, and of not
+               ending before it, -sum_{t < T} log(1 - p_t(eos)) per message (the "early-eos mass": how much of its
+               probability the model gives to stopping too soon)
+
+    python scripts/demo/diagnose_lengths.py --work-dir /tmp/loops/demo \\
+        --results results/compare_attention/long_outputs/demo_u2000.json [--subset test] [--out PREFIX]
+
+Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
+"""
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+import torch
+
+from diagnose_loops import load
+from loop_reads import next_token_lprobs
+
+
+def end_of_text(model, dataset, eos):
+    """(words NLL per token, eos NLL per message, early-eos mass per message) of the references, teacher-forced."""
+    words, count, eos_nll, early = 0.0, 0, [], []
+    for i in range(len(dataset)):
+        source, target = dataset[i]["source"], dataset[i]["target"]
+        lprobs = next_token_lprobs(model, source, target, eos)  # [T, V]
+        gold = lprobs.gather(-1, target[:, None])[:, 0]  # [T]
+        words -= float(gold[:-1].sum())
+        count += target.numel() - 1
+        eos_nll.append(-float(gold[-1]))
+        early.append(-float(torch.log1p(-lprobs[:-1, eos].exp()).sum()))
+    return words / count, statistics.mean(eos_nll), statistics.mean(early)
+
+
+def bleu_over_bp(scores):
+    """The geometric mean of a score's 1-4-gram precisions: its BLEU without the brevity penalty."""
+    return math.exp(statistics.mean(math.log(p) for p in scores["precisions"]))
+
+
+def scores_of(run, subset):
+    """A run record's sacreBLEU scores of `subset`: the record keeps the long split's apart, under "long"."""
+    return run["long"] if subset == "test_long" else run
+
+
+def run_row(run, work_dir, subset):
+    """The numbers of one run: its BLEU decomposed (results file) and its end-of-text measures (checkpoint)."""
+    name = f"{run['config']}.s{run['seed']}.u{run['updates']}"
+    model, task = load(work_dir / "checkpoints" / name / "checkpoint_last.pt", work_dir / "data-bin", subset)
+    model = model.double()
+    words, eos, early = end_of_text(model, task.dataset(subset), task.target_dictionary.eos())
+    scores = scores_of(run, subset)
+    return {"config": run["config"], "seed": run["seed"], "bleu": scores["bleu"], "bp": scores["bp"],
+            "length_ratio": scores["length_ratio"], "bleu_over_bp": bleu_over_bp(scores), "words_nll": words,
+            "eos_nll": eos, "early_eos": early}
+
+
+COLUMNS = (("bleu", "BLEU", 2), ("length_ratio", "length ratio", 3), ("bp", "brevity penalty", 3),
+           ("bleu_over_bp", "BLEU / BP", 2), ("words_nll", "NLL / word token", 3), ("eos_nll", "NLL of eos", 3),
+           ("early_eos", "early-eos mass", 3))
+
+
+def table(rows, subset):
+    """Markdown: one line per configuration, means over its seeds."""
+    configs = list(dict.fromkeys(row["config"] for row in rows))
+    lines = [f"On the {subset} split, means over the seeds (references teacher-forced in float64):", "",
+             "| configuration | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+             "|---|---|" + "---:|" * len(COLUMNS)]
+    for config in configs:
+        mine = [row for row in rows if row["config"] == config]
+        cells = [f"{statistics.mean(row[key] for row in mine):.{digits}f}" for key, _, digits in COLUMNS]
+        seeds = ",".join(str(row["seed"]) for row in mine)
+        lines.append(f"| {config} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work-dir", type=Path, required=True, help="the compare_attention work dir of the preset")
+    parser.add_argument("--results", type=Path, required=True, help="a compare_attention results JSON")
+    parser.add_argument("--subset", default="test", choices=("test", "test_long"),
+                        help="the split whose references are scored (the results file scores these two)")
+    parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
+    parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    runs = json.loads(args.results.read_text())["runs"]
+    chosen = sorted((run for run in runs if (args.configs is None or run["config"] in args.configs)
+                     and (args.seeds is None or run["seed"] in args.seeds)), key=lambda run: run["seed"])
+    if not chosen:
+        parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
+    rows = [run_row(run, args.work_dir, args.subset) for run in chosen]
+    text = table(rows, args.subset)
+    print(text)
+    if args.out:
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps({"subset": args.subset, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""scripts/demo/diagnose_lengths.py: BLEU split into brevity penalty and precisions, and the end-of-text measures,
+on hand-made translations and a decoder whose probabilities are known: seconds, no training."""
+import math
+
+import diagnose_lengths
+import pytest
+import sacrebleu
+import torch
+
+
+def test_bleu_is_the_brevity_penalty_times_the_precisions():
+    hypotheses = ["die Datei wurde gefunden", "das Verzeichnis ist leer"]  # shorter than the references
+    references = ["die Datei wurde nicht gefunden", "das Verzeichnis ist jetzt leer"]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    scores = {"precisions": bleu.precisions}
+    assert bleu.bp < 1
+    assert diagnose_lengths.bleu_over_bp(scores) * bleu.bp == pytest.approx(bleu.score, rel=1e-9)
+
+
+def test_the_long_split_is_scored_from_its_own_record():
+    run = {"bleu": 28.0, "long": {"bleu": 6.0}}
+    assert diagnose_lengths.scores_of(run, "test")["bleu"] == 28.0
+    assert diagnose_lengths.scores_of(run, "test_long")["bleu"] == 6.0
+
+
+class KnownDecoder(torch.nn.Module):
+    """A decoder that gives eos probability P_EOS[t] at step t and spreads the rest evenly over the other tokens."""
+    P_EOS = (0.1, 0.2, 0.5)  # steps 0, 1, 2
+    VOCAB, EOS = 5, 2
+
+    def forward(self, source, source_lengths, prev):
+        steps = prev.size(1)
+        probs = torch.empty(1, steps, self.VOCAB, dtype=torch.float64)
+        for t in range(steps):
+            probs[0, t] = (1 - self.P_EOS[t]) / (self.VOCAB - 1)
+            probs[0, t, self.EOS] = self.P_EOS[t]
+        return probs.log(), None
+
+    def get_normalized_probs(self, net, log_probs):
+        return net[0]
+
+
+def test_the_end_of_text_measures_on_known_probabilities():
+    target = torch.tensor([3, 4, KnownDecoder.EOS])  # two words, then eos at step 2
+    dataset = [{"source": torch.tensor([3, KnownDecoder.EOS]), "target": target}]
+    words, eos, early = diagnose_lengths.end_of_text(KnownDecoder(), dataset, KnownDecoder.EOS)
+    word_probs = [(1 - 0.1) / 4, (1 - 0.2) / 4]
+    assert words == pytest.approx(-sum(map(math.log, word_probs)) / 2, rel=1e-12)
+    assert eos == pytest.approx(-math.log(0.5), rel=1e-12)
+    assert early == pytest.approx(-math.log(0.9) - math.log(0.8), rel=1e-12)  # not stopping at steps 0 and 1
+
+
+def test_the_table_has_one_line_per_configuration_with_means_over_its_seeds():
+    rows = [{"config": name, "seed": seed, "bleu": bleu, "length_ratio": 0.9, "bp": 0.89, "bleu_over_bp": 30.0,
+             "words_nll": 1.8, "eos_nll": 0.4, "early_eos": 0.2}
+            for name, seed, bleu in (("softmax", 1, 28.0), ("softmax", 2, 29.0), ("dpfp2-sum-vconv3", 1, 30.0))]
+    lines = diagnose_lengths.table(rows, "test").splitlines()
+    assert lines[4].startswith("| softmax | 1,2 | 28.50 | 0.900 | 0.890 | 30.00 |")
+    assert lines[5].startswith("| dpfp2-sum-vconv3 | 1 | 30.00 |")
+    assert len(lines) == 6
