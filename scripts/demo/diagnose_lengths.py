@@ -10,7 +10,7 @@ For each run of a compare_attention results file (grouped by configuration, mean
                ending before it, -sum_{t < T} log(1 - p_t(eos)) per message (the "early-eos mass": how much of its
                probability the model gives to stopping too soon)
 
-    python scripts/demo/diagnose_lengths.py --work-dir /tmp/loops/demo \\
+    python scripts/demo/diagnose_lengths.py --work-dir compare_work/demo \\
         --results results/compare_attention/long_outputs/demo_u2000.json [--subset test] [--out PREFIX]
 
 Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
@@ -51,10 +51,13 @@ def scores_of(run, subset):
     return run["long"] if subset == "test_long" else run
 
 
+def checkpoint_of(work_dir, run):
+    return work_dir / "checkpoints" / f"{run['config']}.s{run['seed']}.u{run['updates']}" / "checkpoint_last.pt"
+
+
 def run_row(run, work_dir, subset):
     """The numbers of one run: its BLEU decomposed (results file) and its end-of-text measures (checkpoint)."""
-    name = f"{run['config']}.s{run['seed']}.u{run['updates']}"
-    model, task = load(work_dir / "checkpoints" / name / "checkpoint_last.pt", work_dir / "data-bin", subset)
+    model, task = load(checkpoint_of(work_dir, run), work_dir / "data-bin", subset)
     model = model.double()
     words, eos, early = end_of_text(model, task.dataset(subset), task.target_dictionary.eos())
     scores = scores_of(run, subset)
@@ -68,9 +71,10 @@ COLUMNS = (("bleu", "BLEU", 2), ("length_ratio", "length ratio", 3), ("bp", "bre
            ("early_eos", "early-eos mass", 3))
 
 
-def table(rows, subset):
-    """Markdown: one line per configuration, means over its seeds."""
-    configs = list(dict.fromkeys(row["config"] for row in rows))
+def table(rows, subset, order=()):
+    """Markdown: one line per configuration (those in `order` first, in its order), means over its seeds."""
+    configs = [c for c in order if any(row["config"] == c for row in rows)]
+    configs += [c for c in dict.fromkeys(row["config"] for row in rows) if c not in configs]
     lines = [f"On the {subset} split, means over the seeds (references teacher-forced in float64):", "",
              "| configuration | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
              "|---|---|" + "---:|" * len(COLUMNS)]
@@ -93,17 +97,26 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    runs = json.loads(args.results.read_text())["runs"]
+    if not args.results.is_file():
+        parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
+    results = json.loads(args.results.read_text())
+    runs = results["runs"]
     chosen = sorted((run for run in runs if (args.configs is None or run["config"] in args.configs)
                      and (args.seeds is None or run["seed"] in args.seeds)), key=lambda run: run["seed"])
     if not chosen:
         parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
+    missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
+    if missing:
+        parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
     rows = [run_row(run, args.work_dir, args.subset) for run in chosen]
-    text = table(rows, args.subset)
+    order = list(results["configs"])
+    text = table(rows, args.subset, order)
     print(text)
-    if args.out:
+    if args.out:  # the table can be drawn again from the JSON: table(runs, subset, configs)
         args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps({"subset": args.subset, "runs": rows}, indent=1))
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"benchmark": "diagnose_lengths", "results": str(args.results), "subset": args.subset,
+             "configs": order, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":

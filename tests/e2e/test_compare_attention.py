@@ -74,6 +74,8 @@ def test_committed_tables_are_generated_from_the_committed_results(tmp_path):
     assert results
     for path in results:
         data = json.loads(path.read_text())
+        if data["benchmark"] != "compare_attention":  # a diagnosis of such runs (tests/scripts)
+            continue
         text = compare_report.write(tmp_path / path.stem, data)
         assert path.with_suffix(".md").read_text() == text
         assert (tmp_path / f"{path.stem}.png").stat().st_size > 10_000

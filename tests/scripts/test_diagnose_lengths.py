@@ -1,6 +1,8 @@
 """scripts/demo/diagnose_lengths.py: BLEU split into brevity penalty and precisions, and the end-of-text measures,
 on hand-made translations and a decoder whose probabilities are known: seconds, no training."""
+import json
 import math
+from pathlib import Path
 
 import diagnose_lengths
 import pytest
@@ -58,3 +60,27 @@ def test_the_table_has_one_line_per_configuration_with_means_over_its_seeds():
     assert lines[4].startswith("| softmax | 1,2 | 28.50 | 0.900 | 0.890 | 30.00 |")
     assert lines[5].startswith("| dpfp2-sum-vconv3 | 1 | 30.00 |")
     assert len(lines) == 6
+    ordered = diagnose_lengths.table(rows, "test", order=["dpfp2-sum-vconv3", "elu-sum"]).splitlines()
+    assert [line.split(" | ")[0] for line in ordered[4:]] == ["| dpfp2-sum-vconv3", "| softmax"]
+
+
+def test_committed_length_tables_are_drawn_from_their_committed_json():
+    found = sorted((Path(__file__).resolve().parents[2] / "results/compare_attention").rglob("lengths_*.json"))
+    assert found
+    for path in found:
+        data = json.loads(path.read_text())
+        assert data["benchmark"] == "diagnose_lengths"
+        assert path.with_suffix(".md").read_text() == diagnose_lengths.table(data["runs"], data["subset"],
+                                                                             data["configs"])
+
+
+def test_a_missing_results_file_or_checkpoint_stops_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        diagnose_lengths.main(["--work-dir", str(tmp_path), "--results", str(tmp_path / "none.json")])
+    assert "--results" in capsys.readouterr().err
+    results = tmp_path / "demo_u10.json"
+    results.write_text(json.dumps({"configs": {"softmax": {}}, "runs": [{"config": "softmax", "seed": 1,
+                                                                          "updates": 10}]}))
+    with pytest.raises(SystemExit):
+        diagnose_lengths.main(["--work-dir", str(tmp_path), "--results", str(results)])
+    assert "no checkpoint" in capsys.readouterr().err
