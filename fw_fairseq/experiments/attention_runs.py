@@ -249,6 +249,11 @@ def tune_lenpen(work, name, grid, threads=None):
     return record
 
 
+def run_name(config, seed, updates):
+    """A run's name in a work directory: its checkpoints/NAME, runs/NAME.json, train.NAME.log and generate.NAME.txt."""
+    return f"{config}.s{seed}.u{updates}"
+
+
 def train_and_score(work, name, flags, updates, valid_every, label=None, threads=None):
     """One model end to end, or its stored record if `work/runs/{name}.json` exists (re-runs continue)."""
     record_file = work / "runs" / f"{name}.json"

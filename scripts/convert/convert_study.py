@@ -111,7 +111,7 @@ def trained(work, name, flags, updates):
 
 
 def teacher(args, work, seed):
-    name = f"{TEACHER}.s{seed}.u{args.teacher_updates}"
+    name = attention_runs.run_name(TEACHER, seed, args.teacher_updates)
     return name, trained(work, name, model_flags(args.preset, TEACHER, seed), args.teacher_updates)
 
 
@@ -159,7 +159,7 @@ def continued_run(args, work, total, teacher_name, seed):
 
 
 def scratch_run(args, work, config, total, seed):
-    return trained(work, f"{config}.s{seed}.u{total}", model_flags(args.preset, config, seed), total)
+    return trained(work, attention_runs.run_name(config, seed, total), model_flags(args.preset, config, seed), total)
 
 
 def seed_runs(args, work, seed):

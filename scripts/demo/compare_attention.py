@@ -97,7 +97,7 @@ def main(argv=None):
 
     def one(run):
         config, seed = run
-        name = f"{config}.s{seed}.u{args.updates}"
+        name = attention_runs.run_name(config, seed, args.updates)
         record = attention_runs.train_and_score(work, name, model_flags(args.preset, config, seed),
                                                 args.updates, max(1, args.updates // 10), label=name,
                                                 threads=threads if args.jobs > 1 else None)

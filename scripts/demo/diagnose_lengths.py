@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from diagnose_loops import load
+from fw_fairseq.experiments import attention_runs
 from loop_reads import next_token_lprobs
 
 
@@ -52,7 +53,8 @@ def scores_of(run, subset):
 
 
 def checkpoint_of(work_dir, run):
-    return work_dir / "checkpoints" / f"{run['config']}.s{run['seed']}.u{run['updates']}" / "checkpoint_last.pt"
+    name = attention_runs.run_name(run["config"], run["seed"], run["updates"])
+    return work_dir / "checkpoints" / name / "checkpoint_last.pt"
 
 
 def run_row(run, work_dir, subset):
@@ -96,7 +98,6 @@ def main(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
     parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if not args.results.is_file():
         parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
     results = json.loads(args.results.read_text())

@@ -156,7 +156,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from sacremoses import MosesDetokenizer
     detok = MosesDetokenizer(lang="de")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     report = {"subset": args.subset, "limit": args.limit, "runs": {}}
     for name in args.runs:
         start_time = time.time()
