@@ -75,6 +75,13 @@ CONFIGS = {
     # when beta > 1, so a repeated write flips the slot's error instead of fading to nothing
     "dpfp2-delta-dec-l2-bmax2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                  "--fw-delta-norm", "l2", "--fw-delta-beta-max", "2", *CONV3]),
+    # a rule per decoder layer (the demo preset's two): the sum rule's memory, which adds every write and keeps
+    # its count of them in z, below or above the L2 delta rule's, whose translations end early and, on long
+    # messages, run away
+    "dpfp2-sum-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "sum,delta",
+                                               "--fw-delta-norm", "l2", *CONV3]),
+    "dpfp2-delta-sum-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta,sum",
+                                               "--fw-delta-norm", "l2", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
     # the learned maps of converted softmax models (scripts/convert/convert_study.py trains them from scratch too)

@@ -15,7 +15,7 @@ from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes,
+                                                   check_attention_shapes, check_layer_rules,
                                                    set_fast_weight_defaults)
 
 
@@ -25,6 +25,14 @@ def _wrap_like_fairseq(layer, cfg):
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def _next_layer_config(stack, cfg) -> FastWeightConfig:
+    """The fast-weight config of the next layer `stack` builds: fairseq's encoder and decoder build their layers
+    in order, first to last, so a count of those built so far is the layer's index (for per-layer rules)."""
+    index = getattr(stack, "_fw_layers_built", 0)
+    stack._fw_layers_built = index + 1
+    return FastWeightConfig.from_args(cfg).layer(index)
 
 
 class FastWeightEncoderLayer(TransformerEncoderLayerBase):
@@ -63,8 +71,7 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
 # attributes, so the layer builders can read the fast-weight options from the config they get.
 class FastWeightTransformerEncoder(TransformerEncoder):
     def build_encoder_layer(self, cfg):
-        layer = FastWeightEncoderLayer(cfg, FastWeightConfig.from_args(cfg),
-                                       return_fc=self.return_fc)
+        layer = FastWeightEncoderLayer(cfg, _next_layer_config(self, cfg), return_fc=self.return_fc)
         return _wrap_like_fairseq(layer, cfg)
 
 
@@ -80,8 +87,7 @@ class FastWeightTransformerDecoder(TransformerDecoder):
                                **kwargs)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = FastWeightDecoderLayer(cfg, FastWeightConfig.from_args(cfg),
-                                       no_encoder_attn=no_encoder_attn)
+        layer = FastWeightDecoderLayer(cfg, _next_layer_config(self, cfg), no_encoder_attn=no_encoder_attn)
         return _wrap_like_fairseq(layer, cfg)
 
 
@@ -125,6 +131,9 @@ def check_shapes(args):
                (args.decoder_attention_heads, "--decoder-attention-heads"))
     # cross-attention's heads split the decoder's dim (the source is projected to it)
     check_attention_shapes(args, {"encoder": encoder, "decoder": decoder, "cross": decoder})
+    decoder_layers = (args.decoder_layers, "--decoder-layers")
+    check_layer_rules(args, {"encoder": (args.encoder_layers, "--encoder-layers"), "decoder": decoder_layers,
+                             "cross": decoder_layers})
 
 
 @register_model_architecture("transformer_fw", "transformer_fw")

@@ -24,7 +24,7 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.models.transformer_fw import FastWeightTransformerDecoder
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes,
+                                                   check_attention_shapes, check_layer_rules,
                                                    set_fast_weight_defaults)
 
 
@@ -153,6 +153,7 @@ def transformer_lm_fw(args):
     decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
                (args.decoder_attention_heads, "--decoder-attention-heads"))
     check_attention_shapes(args, {"decoder": decoder})
+    check_layer_rules(args, {"decoder": (args.decoder_layers, "--decoder-layers")})
 
 
 @register_model_architecture("transformer_lm_fw", "transformer_lm_fw_wt103_small")

@@ -2,11 +2,11 @@
 architectures' defaults, the config, its checkpoint record and the reading of older records are all derived from
 the flag table (flag_table.py)."""
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Tuple
 
-from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, parse_encoder_conv,
-                                                  parse_output_gate, places_set)
+from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, layer_rules,
+                                                  parse_encoder_conv, parse_output_gate, places_set)
 from fw_fairseq.modules.flag_table import FAMILIES, FAVOR_REDRAWS, FLAGS, Blocks
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
@@ -57,6 +57,16 @@ def check_attention_shapes(args, blocks: Dict[str, BlockShape]):
                             f"{dim // heads}); allowed: 1..{max_nu} (2*d_key-1)")
 
 
+def check_layer_rules(args, layers: Dict[str, Tuple[int, str]]):
+    """Reject, as an argument error, a per-layer --fw-{place}-rule whose count of rules is not the block's count
+    of layers. `layers` maps encoder/decoder/cross to (layers, its flag); architectures call this."""
+    for place, (count, flag) in layers.items():
+        rules = layer_rules(getattr(args, f"fw_{place}_rule", None) or "")
+        if len(rules) > 1 and len(rules) != count:
+            raise cli_error(f"argument --fw-{place}-rule: {len(rules)} rules for {flag} {count}; allowed: one "
+                            f"rule, or one per layer ({count})")
+
+
 @dataclass(frozen=True)
 class FastWeightConfig:
     feature_map: str
@@ -95,10 +105,10 @@ class FastWeightConfig:
     def check(self):
         if self.feature_map not in FEATURE_MAPS:
             raise ValueError(f"--fw-feature-map got {self.feature_map!r}; allowed: {FEATURE_MAPS}")
-        for flag, rule in (("--fw-update-rule", self.update_rule),
-                           *((f"--fw-{place}-rule", rule) for place, rule in self.block_rules)):
-            if rule not in UPDATE_RULES:
-                raise ValueError(f"{flag} got {rule!r}; allowed: {', '.join(UPDATE_RULES)}")
+        for flag, rules in (("--fw-update-rule", self.update_rule),
+                            *((f"--fw-{place}-rule", rules) for place, rules in self.block_rules)):
+            if any(rule not in UPDATE_RULES for rule in layer_rules(rules)):
+                raise ValueError(f"{flag} got {rules!r}; allowed: {', '.join(UPDATE_RULES)}")
         if self.beta_max not in BETA_MAX:
             raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
         if self.delta_norm not in DELTA_NORMS:
@@ -114,9 +124,27 @@ class FastWeightConfig:
     def uses(self, place: str) -> bool:
         return place in self.places
 
+    def rules(self, place: str) -> Tuple[str, ...]:
+        """The update rules of a block: its --fw-{place}-rule, else --fw-update-rule; one for every layer, or one
+        per layer."""
+        return layer_rules(dict(self.block_rules).get(place, self.update_rule))
+
     def rule(self, place: str) -> str:
-        """The update rule of a block: its --fw-{place}-rule, else --fw-update-rule."""
-        return dict(self.block_rules).get(place, self.update_rule)
+        """The update rule of one layer's block (a config of one layer: `layer`)."""
+        rules = self.rules(place)
+        if len(rules) > 1:
+            raise ValueError(f"--fw-{place}-rule {','.join(rules)} has a rule per layer; take the layer's config")
+        return rules[0]
+
+    def layer(self, index: int) -> "FastWeightConfig":
+        """The config of the index-th layer (from 0): every per-layer rule resolved to that layer's."""
+        def at(rules):
+            if len(rules) == 1:
+                return rules[0]
+            if index >= len(rules):
+                raise ValueError(f"layer {index + 1} has no rule in {','.join(rules)} (one per layer)")
+            return rules[index]
+        return replace(self, block_rules=tuple((place, at(layer_rules(rules))) for place, rules in self.block_rules))
 
     def gate(self, place: str) -> str:
         """The output gate of a block: --fw-output-gate's kind where its LIST (all blocks without one)
@@ -125,7 +153,8 @@ class FastWeightConfig:
         return kind if not where or place in where.split(",") else "none"
 
     def blocks(self) -> Blocks:
-        return Blocks(self.feature_map, tuple(RULES[self.rule(p)] for p in PLACES if p in self.places), self.places)
+        rules = (rule for place in PLACES if place in self.places for rule in self.rules(place))
+        return Blocks(self.feature_map, tuple(RULES[rule] for rule in rules), self.places)
 
     def gate_record(self) -> str:
         """--fw-output-gate as the record keeps it: the kind, and the gated blocks among the fast-weight ones where
@@ -144,7 +173,7 @@ class FastWeightConfig:
         if not self.places:
             return out
         out["--fw-feature-map"] = self.feature_map
-        rules = {place: self.rule(place) for place in PLACES if place in self.places}
+        rules = {place: ",".join(self.rules(place)) for place in PLACES if place in self.places}
         if len(set(rules.values())) == 1:
             out["--fw-update-rule"] = next(iter(rules.values()))
         else:
@@ -158,7 +187,8 @@ class FastWeightConfig:
 
 def _blocks_of(settings: Dict[str, str]) -> Blocks:
     """The Blocks a settings record describes."""
-    rules = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
+    values = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
+    rules = [rule for value in values if value is not None for rule in layer_rules(value)]
     places = frozenset(settings.get("--fw-attention", "none").split(",")) - {"none"}
     return Blocks(settings.get("--fw-feature-map"), tuple(RULES[rule] for rule in rules if rule in RULES), places)
 

@@ -6,7 +6,7 @@ values in one line; cli_error is that line for what only several flags or a chec
 import argparse
 import os
 import sys
-from typing import FrozenSet
+from typing import FrozenSet, Tuple
 
 from fw_fairseq.modules.output_gate import OUTPUT_GATES
 from fw_fairseq.ops import RULES
@@ -84,11 +84,21 @@ def parse_beta_max(text: str) -> int:
     return int(text)
 
 
+def layer_rules(text: str) -> Tuple[str, ...]:
+    """A `--fw-{place}-rule` value as its rules: one for every layer, or one per layer, first layer first."""
+    return tuple(text.split(","))
+
+
 def parse_rule(flag: str):
+    """Validate a `--fw-{place}-rule` value: a rule, or a comma-separated rule per layer (`sum,delta`: the first
+    layer's block the sum rule, the second's the delta rule); return it canonical, one rule where all are one."""
     def parse(text: str) -> str:
-        if text not in UPDATE_RULES:
-            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}")
-        return text
+        rules = layer_rules(text.replace(" ", ""))
+        for rule in rules:
+            if rule not in UPDATE_RULES:
+                raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}, "
+                                                 "or one of them per layer, comma-separated")
+        return rules[0] if len(set(rules)) == 1 else ",".join(rules)
 
     return parse
 

@@ -69,8 +69,9 @@ FLAGS = (
          "learned decay alpha = sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
          f"{GATE_BIAS_INIT:g} so that alpha starts near 1 ({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f})",
          dict(choices=UPDATE_RULES), dict(translation="sum", lm="delta")),
-    *(Flag(f"--fw-{place}-rule", None, f"the update rule of {words} (default: --fw-update-rule)",
-           dict(type=parse_rule(f"--fw-{place}-rule"), metavar="{" + ",".join(UPDATE_RULES) + "}"))
+    *(Flag(f"--fw-{place}-rule", None, f"the update rule of {words} (default: --fw-update-rule), or one rule per "
+           "layer, comma-separated, first layer first (e.g. sum,delta)",
+           dict(type=parse_rule(f"--fw-{place}-rule"), metavar="RULE[,RULE...]"))
       for place, words in _PLACE_WORDS.items()),
     # l2 for translation: with the paper's sum normalisation the delta rule in every block reached 0.49x softmax
     # BLEU at 600 updates (seed 1), with L2 0.87x over three seeds (results/compare_attention)
