@@ -75,12 +75,14 @@ CONFIGS = {
     # when beta > 1, so a repeated write flips the slot's error instead of fading to nothing
     "dpfp2-delta-dec-l2-bmax2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                  "--fw-delta-norm", "l2", "--fw-delta-beta-max", "2", *CONV3]),
-    # a rule per decoder layer (the demo preset's two): the sum rule's memory, which adds every write and keeps
-    # its count of them in z, below or above the L2 delta rule's, whose translations end early and, on long
-    # messages, run away
-    "dpfp2-sum-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "sum,delta",
+    # a rule per decoder layer: the sum rule's memory, which adds every write and keeps its count of them in z, in
+    # the first decoder layer or in the last, the L2 delta rule in the others (whose translations, in every layer,
+    # end early and, on long messages, run away)
+    "dpfp2-sum-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                               lambda layers: ",".join(["sum"] + ["delta"] * (layers - 1)),
                                                "--fw-delta-norm", "l2", *CONV3]),
-    "dpfp2-delta-sum-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta,sum",
+    "dpfp2-delta-sum-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                               lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
                                                "--fw-delta-norm", "l2", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
@@ -119,7 +121,14 @@ PRESETS = {
 }
 
 
+def config_flags(preset, config):
+    """A configuration's flags under a preset: a per-layer value (a function of the decoder's layers) spelled out."""
+    arch = PRESETS[preset][1]
+    layers = int(arch[arch.index("--decoder-layers") + 1])
+    return [flag(layers) if callable(flag) else flag for flag in CONFIGS[config][1]]
+
+
 def model_flags(preset, config, seed):
     merges, arch, optim = PRESETS[preset]
     # a configuration's flags come last: they may override the preset's (argparse: the last one wins)
-    return [*arch, *TRAIN, *optim, *CONFIGS[config][1], "--seed", str(seed)]
+    return [*arch, *TRAIN, *optim, *config_flags(preset, config), "--seed", str(seed)]

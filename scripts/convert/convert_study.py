@@ -31,7 +31,7 @@ import torch
 
 from convert_report import write
 from fw_fairseq.experiments import attention_runs, catalog_corpus
-from fw_fairseq.experiments.attention_configs import CONFIGS as COMPARISON, PRESETS, model_flags
+from fw_fairseq.experiments.attention_configs import PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[2]
 TEACHER = "softmax"
@@ -121,7 +121,7 @@ def convert(args, work, config, teacher_name):
     out = work.dir / "converted" / f"{config}.from-{teacher_name}.pt"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        fw = COMPARISON[config][1]  # its --fw-* flags alone
+        fw = config_flags(args.preset, config)  # its --fw-* flags alone
         command = [sys.executable, REPO / "scripts/convert/convert_softmax.py",
                    "--from", last_checkpoint(work, teacher_name), "--to", out,
                    "--data", work.data, *fw]
@@ -138,7 +138,7 @@ def converted_run(args, work, config, total, distil, teacher_name, seed):
     def make():
         start = convert(args, work, config, teacher_name)
         flags = model_flags(args.preset, config, seed)  # [*arch, *training, *fw, --seed]
-        arch, fw = PRESETS[args.preset][1], COMPARISON[config][1]
+        arch, fw = PRESETS[args.preset][1], config_flags(args.preset, config)
         tune = total
         if distil:
             tune = total - total // 4

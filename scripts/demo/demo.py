@@ -27,7 +27,7 @@ import torch
 
 import compare_report
 from fw_fairseq.experiments import attention_runs, catalog_corpus
-from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, model_flags
+from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-l2-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
@@ -64,7 +64,7 @@ def main():
     results = {"preset": "demo", "updates": args.updates, "seeds": [1], "jobs": 1, "cpu_count": torch.get_num_threads(),
                "torch": torch.__version__,
                "configs": {name: {"kind": CONFIGS[name][0],
-                                  "flags": CONFIGS[name][1]} for name in MODELS},
+                                  "flags": config_flags("demo", name)} for name in MODELS},
                "runs": [{"config": name, "seed": 1, **records[name]} for name in MODELS]}
     stem = work / f"demo_u{args.updates}"
     print(f"\nEnglish -> German, {len(references)} held-out catalog messages, beam 4, sacrebleu")

@@ -1,0 +1,24 @@
+"""The comparison's configurations are fairseq command lines under every preset: each parses with fairseq's own
+parser, and a per-layer rule is spelled for the preset's count of decoder layers."""
+import pytest
+
+from factories import parse_args
+from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_configuration_parses_under_every_preset(preset, config):
+    args = parse_args("translation", model_flags(preset, config, seed=1))
+    assert args.seed == 1 and args.arch == "transformer_fw_small"
+
+
+def test_a_per_layer_rule_follows_the_presets_decoder_layers():
+    def decoder_rule(preset, config):
+        flags = config_flags(preset, config)
+        return flags[flags.index("--fw-decoder-rule") + 1]
+
+    assert decoder_rule("demo", "dpfp2-sum-delta-dec-l2-vconv3") == "sum,delta"
+    assert decoder_rule("base", "dpfp2-sum-delta-dec-l2-vconv3") == "sum,delta,delta"
+    assert decoder_rule("base", "dpfp2-delta-sum-dec-l2-vconv3") == "delta,delta,sum"
+    assert config_flags("demo", "dpfp2-sum-vconv3") == CONFIGS["dpfp2-sum-vconv3"][1]
