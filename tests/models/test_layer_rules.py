@@ -79,3 +79,12 @@ def test_an_unknown_rule_in_the_list_names_the_flag(capsys):
         parse_model_args(FW + ["--fw-decoder-rule", "sum,hebb"])
     err = capsys.readouterr().err
     assert "--fw-decoder-rule" in err and "allowed: sum, delta, gated_delta, or one of them per layer" in err
+
+
+def test_a_language_model_takes_a_rule_per_layer():
+    from factories import build_lm
+
+    model, _ = build_lm("transformer_lm_fw_tiny", ["--fw-decoder-rule", "delta,sum"])
+    assert rules_by_layer(model.decoder, "self_attn") == ["delta", "sum"]
+    with pytest.raises(SystemExit, match=re.escape("3 rules for --decoder-layers 2")):
+        build_lm("transformer_lm_fw_tiny", ["--fw-decoder-rule", "delta,sum,sum"])
