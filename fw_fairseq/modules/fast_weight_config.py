@@ -125,9 +125,10 @@ class FastWeightConfig:
         return place in self.places
 
     def rules(self, place: str) -> Tuple[str, ...]:
-        """The update rules of a block: its --fw-{place}-rule, else --fw-update-rule; one for every layer, or one
-        per layer."""
-        return layer_rules(dict(self.block_rules).get(place, self.update_rule))
+        """The update rules of a block: its --fw-{place}-rule, else --fw-update-rule; one for every layer (also
+        where the flag listed the same rule for each), or one per layer."""
+        rules = layer_rules(dict(self.block_rules).get(place, self.update_rule))
+        return rules if len(set(rules)) > 1 else rules[:1]
 
     def rule(self, place: str) -> str:
         """The update rule of one layer's block (a config of one layer: `layer`)."""
@@ -138,13 +139,14 @@ class FastWeightConfig:
 
     def layer(self, index: int) -> "FastWeightConfig":
         """The config of the index-th layer (from 0): every per-layer rule resolved to that layer's."""
-        def at(rules):
+        def at(place):
+            rules = self.rules(place)
             if len(rules) == 1:
                 return rules[0]
             if index >= len(rules):
                 raise ValueError(f"layer {index + 1} has no rule in {','.join(rules)} (one per layer)")
             return rules[index]
-        return replace(self, block_rules=tuple((place, at(layer_rules(rules))) for place, rules in self.block_rules))
+        return replace(self, block_rules=tuple((place, at(place)) for place, _ in self.block_rules))
 
     def gate(self, place: str) -> str:
         """The output gate of a block: --fw-output-gate's kind where its LIST (all blocks without one)

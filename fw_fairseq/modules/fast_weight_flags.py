@@ -91,14 +91,15 @@ def layer_rules(text: str) -> Tuple[str, ...]:
 
 def parse_rule(flag: str):
     """Validate a `--fw-{place}-rule` value: a rule, or a comma-separated rule per layer (`sum,delta`: the first
-    layer's block the sum rule, the second's the delta rule); return it canonical, one rule where all are one."""
+    layer's block the sum rule, the second's the delta rule). Kept as listed, so that the architecture can check
+    the count against the layers; the record spells it canonical (FastWeightConfig.rules)."""
     def parse(text: str) -> str:
         rules = layer_rules(text.replace(" ", ""))
         for rule in rules:
             if rule not in UPDATE_RULES:
                 raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}, "
                                                  "or one of them per layer, comma-separated")
-        return rules[0] if len(set(rules)) == 1 else ",".join(rules)
+        return ",".join(rules)
 
     return parse
 

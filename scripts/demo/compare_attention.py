@@ -115,7 +115,8 @@ def main(argv=None):
         "seeds": args.seeds, "jobs": args.jobs, "machine": platform.machine(),
         "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
         "wall_minutes": round((time.time() - start) / 60, 1),
-        "configs": {name: {"kind": CONFIGS[name][0], "flags": config_flags(args.preset, name)} for name in args.configs},
+        "configs": {name: {"kind": CONFIGS[name][0], "flags": config_flags(args.preset, name)}
+                    for name in args.configs},
         "runs": [{"config": config, "seed": seed, **without_hypotheses(record)}
                  for (config, seed), record in zip(runs, records)],
     }

@@ -66,6 +66,8 @@ def test_the_record_keeps_the_layer_rules_and_a_load_refuses_others():
 @pytest.mark.parametrize("extra,message", [
     (["--fw-decoder-rule", "sum,delta,delta"],
      "error: argument --fw-decoder-rule: 3 rules for --decoder-layers 2; allowed: one rule, or one per layer (2)"),
+    (["--fw-decoder-rule", "delta,delta,delta"],
+     "error: argument --fw-decoder-rule: 3 rules for --decoder-layers 2; allowed: one rule, or one per layer (2)"),
     (["--fw-encoder-rule", "sum,delta", "--encoder-layers", "3"],
      "error: argument --fw-encoder-rule: 2 rules for --encoder-layers 3; allowed: one rule, or one per layer (3)"),
 ])
