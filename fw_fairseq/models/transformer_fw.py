@@ -27,11 +27,15 @@ def _wrap_like_fairseq(layer, cfg):
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
-def _next_layer_config(stack, cfg) -> FastWeightConfig:
-    """The fast-weight config of the next layer `stack` builds: fairseq's encoder and decoder build their layers
-    in order, first to last, so a count of those built so far is the layer's index (for per-layer rules)."""
-    index = getattr(stack, "_fw_layers_built", 0)
-    stack._fw_layers_built = index + 1
+def _next_layer_config(stack, cfg, block: str) -> FastWeightConfig:
+    """The fast-weight config of the next layer `stack` (the `block`, encoder or decoder) builds. fairseq builds the
+    layers in order, first to last, so a count of those built so far is the layer's index (for per-layer rules).
+    With --{block}-layers-to-keep it builds only the kept ones and renumbers their weights in order
+    (checkpoint_utils.prune_state_dict): the n-th layer built is the n-th kept one, and takes that layer's rule."""
+    built = getattr(stack, "_fw_layers_built", 0)
+    stack._fw_layers_built = built + 1
+    keep = getattr(cfg, block).layers_to_keep  # "0,2" as on the command line, or None
+    index = sorted(int(i) for i in keep.split(","))[built] if keep else built
     return FastWeightConfig.from_args(cfg).layer(index)
 
 
@@ -71,7 +75,7 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
 # attributes, so the layer builders can read the fast-weight options from the config they get.
 class FastWeightTransformerEncoder(TransformerEncoder):
     def build_encoder_layer(self, cfg):
-        layer = FastWeightEncoderLayer(cfg, _next_layer_config(self, cfg), return_fc=self.return_fc)
+        layer = FastWeightEncoderLayer(cfg, _next_layer_config(self, cfg, "encoder"), return_fc=self.return_fc)
         return _wrap_like_fairseq(layer, cfg)
 
 
@@ -87,7 +91,7 @@ class FastWeightTransformerDecoder(TransformerDecoder):
                                **kwargs)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = FastWeightDecoderLayer(cfg, _next_layer_config(self, cfg), no_encoder_attn=no_encoder_attn)
+        layer = FastWeightDecoderLayer(cfg, _next_layer_config(self, cfg, "decoder"), no_encoder_attn=no_encoder_attn)
         return _wrap_like_fairseq(layer, cfg)
 
 
@@ -134,6 +138,12 @@ def check_shapes(args):
     decoder_layers = (args.decoder_layers, "--decoder-layers")
     check_layer_rules(args, {"encoder": (args.encoder_layers, "--encoder-layers"), "decoder": decoder_layers,
                              "cross": decoder_layers})
+    # fairseq's parser reads --{encoder,decoder}-layers-to-keep 0,2 as the list [0, 2], and its build_model and
+    # checkpoint pruning split it as the text "0,2" (and fail on the list): they get the text
+    for block in ("encoder", "decoder"):
+        keep = getattr(args, f"{block}_layers_to_keep", None)
+        if isinstance(keep, list):
+            setattr(args, f"{block}_layers_to_keep", ",".join(map(str, keep)))
 
 
 @register_model_architecture("transformer_fw", "transformer_fw")

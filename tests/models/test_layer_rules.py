@@ -90,3 +90,31 @@ def test_a_language_model_takes_a_rule_per_layer():
     assert rules_by_layer(model.decoder, "self_attn") == ["delta", "sum"]
     with pytest.raises(SystemExit, match=re.escape("3 rules for --decoder-layers 2")):
         build_lm("transformer_lm_fw_tiny", ["--fw-decoder-rule", "delta,sum,sum"])
+
+
+@pytest.mark.parametrize("block,other", [("encoder", "decoder"), ("decoder", "encoder")])
+def test_kept_layers_take_their_own_rules(block, other):
+    """--{block}-layers-to-keep 2,0 of a sum,delta,gated_delta stack builds layers 1 and 3 with their rules; the
+    pruned checkpoint loads into it and computes what the full model computes without its layer 2, in float64.
+    (fairseq's pruning drops the layers of a block without a list: the other block keeps both of its two.)"""
+    from fairseq.checkpoint_utils import prune_state_dict
+
+    stack = ["--fw-" + block + "-rule", "sum,delta,gated_delta", f"--{block}-layers", "3"]
+    keep = [f"--{block}-layers-to-keep", "2,0", f"--{other}-layers-to-keep", "0,1"]
+    full, d = build_model(FW + stack)
+    kept, _ = build_model(FW + stack + keep, seed=1)
+    assert rules_by_layer(getattr(kept, block), "self_attn") == ["sum", "gated_delta"]
+    kept.load_state_dict(prune_state_dict(full.state_dict(), parse_model_args(FW + stack + keep)))
+    del getattr(full, block).layers[1]
+    g = torch.Generator().manual_seed(6)
+    src, prev = random_tokens(d, 2, 6, g), random_tokens(d, 2, 5, g)
+    lengths = torch.full((2,), 6)
+    torch.testing.assert_close(kept(src, lengths, prev)[0], full(src, lengths, prev)[0], rtol=0, atol=0)
+
+
+def test_a_language_model_keeps_the_rules_of_its_kept_layers():
+    from factories import build_lm
+
+    extra = ["--fw-decoder-rule", "delta,sum,gated_delta", "--decoder-layers", "3", "--decoder-layers-to-keep", "1,2"]
+    model, _ = build_lm("transformer_lm_fw_tiny", extra)
+    assert rules_by_layer(model.decoder, "self_attn") == ["sum", "gated_delta"]
