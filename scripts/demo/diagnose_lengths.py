@@ -9,9 +9,14 @@ For each run of a compare_attention results file (grouped by configuration, mean
                log-probability per token of the words (eos left out), of eos where the reference ends, and of not
                ending before it, -sum_{t < T} log(1 - p_t(eos)) per message (the "early-eos mass": how much of its
                probability the model gives to stopping too soon)
+  search       with --search, beam search again (as the comparison: beam 4, --lenpen 0.6): the share of messages whose
+               translation is shorter than the reference (BPE tokens), and of those the share that the model scores
+               below the reference (the beam's score, sum of log-probabilities / length^0.6, both teacher-forced in
+               float64): a short translation scored above its reference is the model's choice, one below it a
+               search error
 
     python scripts/demo/diagnose_lengths.py --work-dir compare_work/demo \\
-        --results results/compare_attention/long_outputs/demo_u2000.json [--subset test] [--out PREFIX]
+        --results results/compare_attention/long_outputs/demo_u2000.json [--subset test] [--search] [--out PREFIX]
 
 Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
 """
@@ -23,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from diagnose_loops import load
+from diagnose_loops import beam_score, generate, load
 from fw_fairseq.experiments import attention_runs
-from loop_reads import next_token_lprobs
+from loop_reads import next_token_lprobs, teacher_forced
 
 
 def end_of_text(model, dataset, eos):
@@ -40,6 +45,19 @@ def end_of_text(model, dataset, eos):
         eos_nll.append(-float(gold[-1]))
         early.append(-float(torch.log1p(-lprobs[:-1, eos].exp()).sum()))
     return words / count, statistics.mean(eos_nll), statistics.mean(early)
+
+
+def short_translations(model, dataset, hypotheses):
+    """(share of messages translated shorter than their reference, share of those whose reference the model scores
+    above the translation): `hypotheses` maps a message's index to its translation's tokens (ending in eos)."""
+    short = missed = 0
+    for i, tokens in hypotheses.items():
+        source, target = dataset[i]["source"], dataset[i]["target"]
+        if tokens.numel() >= target.numel():
+            continue
+        short += 1
+        missed += beam_score(teacher_forced(model, source, target)) > beam_score(teacher_forced(model, source, tokens))
+    return short / len(hypotheses), missed / short if short else 0.0
 
 
 def bleu_over_bp(scores):
@@ -57,32 +75,42 @@ def checkpoint_of(work_dir, run):
     return work_dir / "checkpoints" / name / "checkpoint_last.pt"
 
 
-def run_row(run, work_dir, subset):
-    """The numbers of one run: its BLEU decomposed (results file) and its end-of-text measures (checkpoint)."""
+def run_row(run, work_dir, subset, search=False):
+    """The numbers of one run: its BLEU decomposed (results file), its end-of-text measures (checkpoint) and, with
+    `search`, its short translations."""
     model, task = load(checkpoint_of(work_dir, run), work_dir / "data-bin", subset)
+    dataset = task.dataset(subset)
+    # the beam searches in float32, as fairseq-generate did for the results file; the scores are float64
+    found = generate(model, task, subset, list(range(len(dataset)))) if search else None
     model = model.double()
-    words, eos, early = end_of_text(model, task.dataset(subset), task.target_dictionary.eos())
+    words, eos, early = end_of_text(model, dataset, task.target_dictionary.eos())
     scores = scores_of(run, subset)
-    return {"config": run["config"], "seed": run["seed"], "bleu": scores["bleu"], "bp": scores["bp"],
-            "length_ratio": scores["length_ratio"], "bleu_over_bp": bleu_over_bp(scores), "words_nll": words,
-            "eos_nll": eos, "early_eos": early}
+    row = {"config": run["config"], "seed": run["seed"], "bleu": scores["bleu"], "bp": scores["bp"],
+           "length_ratio": scores["length_ratio"], "bleu_over_bp": bleu_over_bp(scores), "words_nll": words,
+           "eos_nll": eos, "early_eos": early}
+    if search:
+        row["short"], row["short_missed"] = short_translations(
+            model, dataset, {i: hypo["tokens"] for i, hypo in found.items()})
+    return row
 
 
 COLUMNS = (("bleu", "BLEU", 2), ("length_ratio", "length ratio", 3), ("bp", "brevity penalty", 3),
            ("bleu_over_bp", "BLEU / BP", 2), ("words_nll", "NLL / word token", 3), ("eos_nll", "NLL of eos", 3),
-           ("early_eos", "early-eos mass", 3))
+           ("early_eos", "early-eos mass", 3), ("short", "shorter than the reference", 3),
+           ("short_missed", "of those, reference scored higher", 3))
 
 
 def table(rows, subset, order=()):
     """Markdown: one line per configuration (those in `order` first, in its order), means over its seeds."""
     configs = [c for c in order if any(row["config"] == c for row in rows)]
     configs += [c for c in dict.fromkeys(row["config"] for row in rows) if c not in configs]
+    columns = [column for column in COLUMNS if all(column[0] in row for row in rows)]  # --search's if measured
     lines = [f"On the {subset} split, means over the seeds (references teacher-forced in float64):", "",
-             "| configuration | seeds | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
-             "|---|---|" + "---:|" * len(COLUMNS)]
+             "| configuration | seeds | " + " | ".join(title for _, title, _ in columns) + " |",
+             "|---|---|" + "---:|" * len(columns)]
     for config in configs:
         mine = [row for row in rows if row["config"] == config]
-        cells = [f"{statistics.mean(row[key] for row in mine):.{digits}f}" for key, _, digits in COLUMNS]
+        cells = [f"{statistics.mean(row[key] for row in mine):.{digits}f}" for key, _, digits in columns]
         seeds = ",".join(str(row["seed"]) for row in mine)
         lines.append(f"| {config} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -96,6 +124,8 @@ def main(argv=None):
                         help="the split whose references are scored (the results file scores these two)")
     parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
     parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
+    parser.add_argument("--search", action="store_true",
+                        help="also translate the split again and score its short translations against the references")
     parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
     args = parser.parse_args(argv)
     if not args.results.is_file():
@@ -109,7 +139,7 @@ def main(argv=None):
     missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
     if missing:
         parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
-    rows = [run_row(run, args.work_dir, args.subset) for run in chosen]
+    rows = [run_row(run, args.work_dir, args.subset, args.search) for run in chosen]
     order = list(results["configs"])
     text = table(rows, args.subset, order)
     print(text)

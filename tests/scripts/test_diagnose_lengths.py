@@ -3,6 +3,7 @@ on hand-made translations and a decoder whose probabilities are known: seconds, 
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import diagnose_lengths
 import pytest
@@ -52,6 +53,23 @@ def test_the_end_of_text_measures_on_known_probabilities():
     assert early == pytest.approx(-math.log(0.9) - math.log(0.8), rel=1e-12)  # not stopping at steps 0 and 1
 
 
+class EarlyEosDecoder(KnownDecoder):
+    P_EOS = (0.3, 0.2, 0.5)
+    decoder = SimpleNamespace(dictionary=SimpleNamespace(eos=lambda: KnownDecoder.EOS))
+
+
+def test_short_translations_split_into_the_models_choice_and_search_errors():
+    """Reference 3 4 eos: beam score (log(0.7/4) + log 0.2 + log 0.5) / 3^0.6 = -2.093. The translation "eos" scores
+    log 0.3 = -1.204, above it (the model's choice); "3 eos" and "4 eos" (log(0.7/4) + log 0.2) / 2^0.6 = -2.211,
+    below it (search errors); "3 4 eos" is not short."""
+    eos = KnownDecoder.EOS
+    message = {"source": torch.tensor([3, eos]), "target": torch.tensor([3, 4, eos])}
+    hypotheses = {0: torch.tensor([eos]), 1: torch.tensor([3, eos]), 2: torch.tensor([4, eos]),
+                  3: torch.tensor([3, 4, eos])}
+    short, missed = diagnose_lengths.short_translations(EarlyEosDecoder(), [message] * 4, hypotheses)
+    assert (short, missed) == (pytest.approx(3 / 4), pytest.approx(2 / 3))
+
+
 def test_the_table_has_one_line_per_configuration_with_means_over_its_seeds():
     rows = [{"config": name, "seed": seed, "bleu": bleu, "length_ratio": 0.9, "bp": 0.89, "bleu_over_bp": 30.0,
              "words_nll": 1.8, "eos_nll": 0.4, "early_eos": 0.2}
@@ -62,6 +80,9 @@ def test_the_table_has_one_line_per_configuration_with_means_over_its_seeds():
     assert len(lines) == 6
     ordered = diagnose_lengths.table(rows, "test", order=["dpfp2-sum-vconv3", "elu-sum"]).splitlines()
     assert [line.split(" | ")[0] for line in ordered[4:]] == ["| dpfp2-sum-vconv3", "| softmax"]
+    searched = diagnose_lengths.table([{**row, "short": 0.25, "short_missed": 0.5} for row in rows], "test")
+    assert searched.splitlines()[2].endswith("| shorter than the reference | of those, reference scored higher |")
+    assert searched.splitlines()[4].endswith("| 0.250 | 0.500 |")
 
 
 def test_committed_length_tables_are_drawn_from_their_committed_json():
