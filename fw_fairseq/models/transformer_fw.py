@@ -128,7 +128,8 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
 
 
 def check_shapes(args):
-    """Architectures run while fairseq parses the arguments: shape errors stop there."""
+    """Architectures run while fairseq parses the arguments: shape errors stop there, and every reader of the parsed
+    arguments (build_model, the checkpoint pruning) gets --*-layers-to-keep in the form it reads."""
     encoder = ((args.encoder_embed_dim, "--encoder-embed-dim"),
                (args.encoder_attention_heads, "--encoder-attention-heads"))
     decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
