@@ -75,7 +75,7 @@ def test_config_has_the_papers_settings(name):
         if kind is FavorPlus:
             assert not block.phi.fixed  # a new draw of R every training batch, as the paper
         if block.rule.normalised_phi:
-            assert (block.delta_norm, block.beta_max, block.beta_bias) == ("l2", 1, 0.0)
+            assert (block.delta_norm, block.beta_max, block.beta_bias) == ("sum", 1, 0.0)  # the paper's
 
 
 def test_a_gpu_count_that_cannot_keep_48_batches_per_update_is_refused():
