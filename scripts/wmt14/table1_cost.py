@@ -27,8 +27,8 @@ MEASURED_AS = {"standard": ("softmax", ""), "dpfp_nu2": ("dpfp2_sum", "with the 
                "dpfp_nu4": ("dpfp2_sum", "stand-in: E 256, not 512"), "linear": ("dpfp2_sum", "stand-in: DPFP-2"),
                "performer_m32": ("dpfp2_sum", "stand-in: DPFP-2"), "performer_m128": ("dpfp2_sum", "stand-in: DPFP-2"),
                "performer_m256": ("dpfp2_sum", "stand-in: DPFP-2, E 256, not 512"),
-               "dpfp_nu2_delta": ("dpfp2_delta", "delta rule in every block, not the decoder's only"),
-               "dpfp_nu4_delta": ("dpfp2_delta", "stand-in: E 256, delta rule in every block")}
+               "dpfp_nu2_delta": ("dpfp2_delta", "stand-in: L2 delta rule in every block, not the decoder's only"),
+               "dpfp_nu4_delta": ("dpfp2_delta", "stand-in: E 256, L2 delta rule in every block")}
 CHECKPOINT_GB = 209e6 * 4 * 3 / 1e9  # transformer_fw_big's weights and Adam's two moments, float32
 CHECKPOINTS_KEPT = 12  # --keep-last-epochs 10, checkpoint_best.pt, checkpoint_last.pt
 DATA_GB = 12  # the five archives (about 1.7 GB), their text, tokenised and BPE copies, and the binarised data
