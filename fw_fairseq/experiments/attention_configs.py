@@ -75,6 +75,12 @@ CONFIGS = {
     # when beta > 1, so a repeated write flips the slot's error instead of fading to nothing
     "dpfp2-delta-dec-l2-bmax2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                  "--fw-delta-norm", "l2", "--fw-delta-beta-max", "2", *CONV3]),
+    # the delta configuration with beta below 0.1 or 0.02: L2-normalised phi, but a write moves its key's slot at
+    # most that share of the way to its value, as sum normalisation's small ||phi(k)||^2 does
+    "dpfp2-delta-dec-l2-bmax01-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                  "--fw-delta-norm", "l2", "--fw-delta-beta-max", "0.1", *CONV3]),
+    "dpfp2-delta-dec-l2-bmax002-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                   "--fw-delta-norm", "l2", "--fw-delta-beta-max", "0.02", *CONV3]),
     # a rule per decoder layer: the sum rule's memory, which adds every write and keeps its count of them in z, in
     # the first decoder layer or in the last, the L2 delta rule in the others (whose translations, in every layer,
     # end early and, on long messages, run away)

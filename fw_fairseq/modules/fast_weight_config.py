@@ -3,7 +3,7 @@ architectures' defaults, the config, its checkpoint record and the reading of ol
 the flag table (flag_table.py)."""
 import argparse
 from dataclasses import dataclass, replace
-from typing import Dict, FrozenSet, Tuple
+from typing import Dict, FrozenSet, Tuple, Union
 
 from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, layer_rules,
                                                   parse_encoder_conv, parse_output_gate, places_set)
@@ -74,7 +74,7 @@ class FastWeightConfig:
     dpfp_nu: int
     favor_features: int
     places: FrozenSet[str]
-    beta_max: int = 1
+    beta_max: Union[int, float] = 1  # the parsed value as it is: 1 and 2 stay integers, as checkpoints record them
     # (place, rule) for the blocks whose --fw-{place}-rule was given; the others use update_rule
     block_rules: Tuple[Tuple[str, str], ...] = ()
     delta_norm: str = "sum"
@@ -109,8 +109,8 @@ class FastWeightConfig:
                             *((f"--fw-{place}-rule", rules) for place, rules in self.block_rules)):
             if any(rule not in UPDATE_RULES for rule in layer_rules(rules)):
                 raise ValueError(f"{flag} got {rules!r}; allowed: {', '.join(UPDATE_RULES)}")
-        if self.beta_max not in BETA_MAX:
-            raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: {BETA_MAX}")
+        if not 0 < self.beta_max <= BETA_MAX:
+            raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: a number in (0, {BETA_MAX}]")
         if self.delta_norm not in DELTA_NORMS:
             raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
         if self.favor_redraw not in FAVOR_REDRAWS:

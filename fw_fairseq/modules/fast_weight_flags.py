@@ -4,16 +4,17 @@ Each parser raises argparse.ArgumentTypeError, so that fairseq's parser prints t
 values in one line; cli_error is that line for what only several flags or a checkpoint can judge.
 """
 import argparse
+import math
 import os
 import sys
-from typing import FrozenSet, Tuple
+from typing import FrozenSet, Tuple, Union
 
 from fw_fairseq.modules.output_gate import OUTPUT_GATES
 from fw_fairseq.ops import RULES
 
 UPDATE_RULES = RULES  # the live table: a rule registered before the flags parse is allowed
 PLACES = ("encoder", "decoder", "cross")
-BETA_MAX = (1, 2)  # --fw-delta-beta-max: beta = max * sigmoid(.), in (0, 1) or (0, 2)
+BETA_MAX = 2  # --fw-delta-beta-max: beta = max * sigmoid(.), max in (0, BETA_MAX]
 
 
 def parse_places(text: str) -> str:
@@ -77,11 +78,15 @@ def positive_int(flag: str):
     return parse
 
 
-def parse_beta_max(text: str) -> int:
-    if text.strip() not in [str(m) for m in BETA_MAX]:
-        raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: "
-                                         f"{' or '.join(map(str, BETA_MAX))}")
-    return int(text)
+def parse_beta_max(text: str) -> Union[int, float]:
+    """A --fw-delta-beta-max value: a number in (0, 2], an integer kept as one (checkpoints record "1", "2")."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= BETA_MAX:
+        raise argparse.ArgumentTypeError(f"--fw-delta-beta-max got {text!r}; allowed: a number in (0, {BETA_MAX}]")
+    return int(value) if value.is_integer() else value
 
 
 def layer_rules(text: str) -> Tuple[str, ...]:

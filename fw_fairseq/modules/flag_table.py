@@ -83,9 +83,10 @@ FLAGS = (
     Flag("--fw-beta-bias", "beta_bias", "initial bias of the delta rules' beta projection: beta starts at "
          "max*sigmoid(B) (default 0: beta = max/2); ignored by the sum rule",
          dict(type=float, metavar="B"), dict(translation=0.0, lm=0.0), before=0.0),
-    Flag("--fw-delta-beta-max", "beta_max", "beta = max * sigmoid(w_beta^T x) of the delta rules: 1 keeps beta in "
-         "(0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi et al. 2024); the sum rule has no "
-         "beta and ignores it", dict(type=parse_beta_max, metavar="{" + ",".join(map(str, BETA_MAX)) + "}"),
+    Flag("--fw-delta-beta-max", "beta_max", "beta = max * sigmoid(w_beta^T x) of the delta rules, max in "
+         f"(0, {BETA_MAX}]: 1 keeps beta in (0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi et "
+         "al. 2024); below 1 every write moves its key's slot at most max of the way to its value; the sum rule "
+         "has no beta and ignores it", dict(type=parse_beta_max, metavar="MAX"),
          dict(translation=1, lm=1), before=1, recorded=_uses_rule_with(lambda rule: "beta" in rule.scalars),
          unrecorded="1"),
     Flag("--fw-dpfp-nu", "dpfp_nu", "DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)",

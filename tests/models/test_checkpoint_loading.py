@@ -110,6 +110,18 @@ def test_a_state_dict_of_another_beta_max_is_refused(rule):
         model.load_state_dict(trained.state_dict())
 
 
+def test_a_fractional_beta_max_is_recorded_and_an_integral_one_stays_an_integer():
+    """--fw-delta-beta-max 0.1 is kept and refused against 1; "2.0" is recorded as 2, as older checkpoints have it."""
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "delta"]
+    tenth, _ = build_model(fw + ["--fw-delta-beta-max", "0.1"])
+    with pytest.raises(SystemExit, match=r"--fw-delta-beta-max 0.1, not 1 \(its weights"):
+        build_model(fw)[0].load_state_dict(tenth.state_dict())
+    two, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
+    build_model(fw + ["--fw-delta-beta-max", "2.0"], seed=1)[0].load_state_dict(two.state_dict())
+
+
 def test_a_delta_record_from_before_beta_max_means_beta_max_1():
     """Records written before --fw-delta-beta-max existed lack it: they were trained with 1."""
     from factories import build_model

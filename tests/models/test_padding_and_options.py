@@ -40,7 +40,9 @@ def test_right_padded_targets_do_not_touch_real_positions():
 @pytest.mark.parametrize("flag,value,allowed", [
     ("--fw-feature-map", "relu", "elu"),
     ("--fw-update-rule", "hebb", "'sum', 'delta', 'gated_delta'"),
-    ("--fw-delta-beta-max", "3", "allowed: 1 or 2"),
+    ("--fw-delta-beta-max", "3", "allowed: a number in (0, 2]"),
+    ("--fw-delta-beta-max", "0", "allowed: a number in (0, 2]"),
+    ("--fw-delta-beta-max", "nan", "allowed: a number in (0, 2]"),
     ("--fw-attention", "encoder,ffn", "encoder,decoder,cross"),
     ("--fw-favor-features", "0", ">= 1"),
     ("--fw-dpfp-nu", "-1", ">= 1"),

@@ -15,7 +15,7 @@ PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
 # every rule, and the delta rules with beta in (0, 1) and (0, 2)
 RULE_BETA = [(rule, beta_max) for rule in RULES
-             for beta_max in ((1, 2) if "beta" in RULES[rule].scalars else (1,))]
+             for beta_max in ((1, 2, 0.1) if "beta" in RULES[rule].scalars else (1,))]
 
 
 def attention(path, rule, feature_map="dpfp", beta_max=1, seed=0, delta_norm="sum"):
