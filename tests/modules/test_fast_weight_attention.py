@@ -13,7 +13,7 @@ from fw_fairseq.ops import RULES, dpfp, elu_plus_one
 C, H = 12, 2  # d_key 6
 PATHS = {"encoder": dict(causal=False), "causal": dict(causal=True),
          "cross": dict(causal=False, kdim=10, vdim=10, encoder_decoder_attention=True)}
-# every rule, and the delta rules with beta in (0, 1) and (0, 2)
+# every rule, and the delta rules with beta in (0, 1), (0, 2) and (0, 0.1)
 RULE_BETA = [(rule, beta_max) for rule in RULES
              for beta_max in ((1, 2, 0.1) if "beta" in RULES[rule].scalars else (1,))]
 
