@@ -75,7 +75,8 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     # Time per update from the arrival of consecutive train_inner lines; an interval in which anything
     # else was printed (validation, a checkpoint, a new epoch) is not counted.
     previous, clean, seconds, counted = None, False, 0.0, 0
-    with open(log, "a") as sink:
+    # line-buffered, so that the log can be followed (tail -f) while the model trains
+    with open(log, "a", buffering=1) as sink:
         proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env)
         for line in proc.stdout:
