@@ -43,8 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "benchmarks" / "fairseq_run.py"
 TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 and dpfp2-delta-dec-l2-vconv3 (the shipped defaults;
-# tests/scripts/test_bench_fused_read.py checks that they stay the same)
+# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the default) and dpfp2-delta-dec-l2-vconv3 (the delta
+# rule in the decoder with L2 phi, as benchmarks/results measured it);
+# tests/scripts/test_bench_fused_read.py checks that they stay the same
 SHIPPED = {"softmax": ["--fw-attention", "none"],
            "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",

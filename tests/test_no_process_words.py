@@ -62,7 +62,7 @@ def test_the_patterns_find_what_they_are_for():
 
 def flag_rows():
     """The README's rows of the --fw-* table, as flag_table.py gives them: flag, values, default of each family."""
-    from fw_fairseq.modules.flag_table import FLAGS
+    from fw_fairseq.modules.flag_table import FLAGS, Derived
 
     def values(flag):
         choices = flag.options.get("choices")
@@ -71,6 +71,8 @@ def flag_rows():
     def default(value):
         if value is None:
             return "`--fw-update-rule`"  # the per-block rules
+        if isinstance(value, Derived):
+            return value.text
         if isinstance(value, bool):
             value = int(value)
         if isinstance(value, float) and value.is_integer():

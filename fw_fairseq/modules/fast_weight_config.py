@@ -7,7 +7,7 @@ from typing import Dict, FrozenSet, Tuple, Union
 
 from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, layer_rules,
                                                   parse_encoder_conv, parse_output_gate, places_set)
-from fw_fairseq.modules.flag_table import FAMILIES, FAVOR_REDRAWS, FLAGS, Blocks
+from fw_fairseq.modules.flag_table import FAMILIES, FAVOR_REDRAWS, FLAGS, Blocks, Derived
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 DELTA_NORMS = tuple(PHI_NORMS)
@@ -27,14 +27,21 @@ def set_fast_weight_defaults(args, family, **overrides):
     """Each flag's default in `family` (flag_table.FAMILIES), or the architecture's override of it (by
     FastWeightConfig field); values given on the command line win (fairseq's getattr convention), and args saved
     before a flag existed get the value they were trained with (its `before`). The per-block rules stay None (they
-    follow --fw-update-rule), so that a record of them is written only when set."""
+    follow --fw-update-rule), so that a record of them is written only when set. A Derived default is taken last,
+    from the others' final values."""
     if family not in FAMILIES:
         raise ValueError(f"set_fast_weight_defaults: family={family!r}; allowed: {FAMILIES}")
+    derived = []
     for flag in FLAGS:
         if not hasattr(args, flag.attr) and flag.before is not None:
             setattr(args, flag.attr, flag.before)
         elif getattr(args, flag.attr, None) is None:
-            setattr(args, flag.attr, overrides.get(flag.field, flag.defaults.get(family)))
+            default = overrides.get(flag.field, flag.defaults.get(family))
+            if isinstance(default, Derived):
+                derived.append((flag, default))
+            setattr(args, flag.attr, default)
+    for flag, default in derived:
+        setattr(args, flag.attr, default.of(args))
 
 
 # An attention block's size flags: (model dim, its flag), (heads, its flag).

@@ -30,7 +30,7 @@ from fw_fairseq.experiments import attention_runs, catalog_corpus
 from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-l2-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
+MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
 STEPS = 4
 
 

@@ -22,9 +22,26 @@ def test_each_family_takes_its_defaults_from_the_table(family, argv):
     config = FastWeightConfig.from_args(args)
     for flag in flag_table.FLAGS:
         default = flag.defaults.get(family)
+        default = default.of(args) if isinstance(default, flag_table.Derived) else default
         if flag.field in (None, "places") or default is None or (family == "lm" and flag.field == "dpfp_nu"):
             continue  # places: a set in the config; the tiny LM overrides nu
         assert getattr(config, flag.field) == default, flag.name
+
+
+@pytest.mark.parametrize("argv, norm", [
+    (["--fw-decoder-rule", "delta"], "sum"),  # the delta rule in the decoder's self-attention only
+    (["--fw-decoder-rule", "sum,gated_delta"], "sum"),
+    (["--fw-update-rule", "delta", "--fw-attention", "decoder"], "sum"),
+    (["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"], "sum"),
+    (["--fw-update-rule", "delta"], "l2"),  # every block
+    (["--fw-encoder-rule", "delta"], "l2"),
+    (["--fw-cross-rule", "gated_delta", "--fw-attention", "cross"], "l2"),
+    (["--fw-update-rule", "delta", "--fw-attention", "encoder,decoder"], "l2"),
+    (["--fw-update-rule", "delta", "--fw-delta-norm", "sum"], "sum"),  # given: kept
+    (["--fw-decoder-rule", "delta", "--fw-delta-norm", "l2"], "l2"),
+])
+def test_translation_delta_norm_follows_where_the_delta_rules_are(argv, norm):
+    assert parse_model_args(argv).fw_delta_norm == norm
 
 
 def test_a_flag_missing_from_older_args_takes_its_before_value():
