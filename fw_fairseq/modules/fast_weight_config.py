@@ -39,7 +39,8 @@ def set_fast_weight_defaults(args, family, **overrides):
             default = overrides.get(flag.field, flag.defaults.get(family))
             if isinstance(default, Derived):
                 derived.append((flag, default))
-            setattr(args, flag.attr, default)
+            else:
+                setattr(args, flag.attr, default)
     for flag, default in derived:
         setattr(args, flag.attr, default.of(args))
 
