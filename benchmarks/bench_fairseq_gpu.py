@@ -5,9 +5,11 @@
 
 Configurations (CONFIGS): softmax (--fw-attention none); dpfp2_sum, the shipped default (DPFP-2, the sum rule,
 encoder convolution 3); dpfp2_delta_dec, the shipped delta configuration (the delta rule in the decoder's
-self-attention, L2-normalised phi); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight flags its config
-file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh. Every configuration gets the same data, seed,
-batches and training flags besides those.
+self-attention, sum-normalised phi, its default there); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight
+flags its config file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh. On request (--configs),
+NAME_unfused: a fast-weight configuration with the fused read switched off in the runner (FW_NO_FUSED_READ), so
+that every block takes the path the fused read replaces; beside NAME it gives the fused read's end-to-end effect.
+Every configuration gets the same data, seed, batches and training flags besides those.
 
 On generated parallel data (10..50 tokens a sentence, a 2,000-word vocabulary, the target a fixed word mapping of
 the source) through the real CLIs (benchmarks/fairseq_run.py):
@@ -43,14 +45,15 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "benchmarks" / "fairseq_run.py"
 TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the default) and dpfp2-delta-dec-l2-vconv3 (the delta
-# rule in the decoder with L2 phi, as benchmarks/results measured it);
-# tests/scripts/test_bench_fused_read.py checks that they stay the same
+# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the default) and dpfp2-delta-dec-vconv3 (the delta
+# rule in the decoder, sum-normalised phi); tests/scripts/test_bench_fused_read.py checks that they stay the same
 SHIPPED = {"softmax": ["--fw-attention", "none"],
            "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
-                               "l2", "--fw-encoder-conv", "3"]}
-NAMES = [*SHIPPED, "table1_dpfp2"]
+                               "sum", "--fw-encoder-conv", "3"]}
+DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2"]
+UNFUSED = "_unfused"  # a name's suffix: the runner switches the fused read off (fairseq_run.py)
+NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax")]
 MEAN_TOKENS = 31  # a generated sentence: 10..50 words (mean 30) and </s>
 STEADY_RULE = ("median of fairseq's train_inner wps over the intervals logged in epochs >= 2, less each epoch's "
                "first interval (it spans the epoch boundary)")
@@ -67,7 +70,14 @@ def config_flags(config=TABLE1_CONFIG):
 
 
 def configs():
-    return {**SHIPPED, "table1_dpfp2": config_flags()}
+    flags = {**SHIPPED, "table1_dpfp2": config_flags()}
+    return {name: flags[name.removesuffix(UNFUSED)] for name in NAMES}
+
+
+def runner_env(name, **extra):
+    """The runner's environment for a configuration: FW_NO_FUSED_READ=1 for a NAME_unfused one."""
+    unfused = {"FW_NO_FUSED_READ": "1"} if name.endswith(UNFUSED) else {}
+    return dict(os.environ, **unfused, **extra) if unfused or extra else None
 
 
 def fairseq(work, command, *args, env=None):
@@ -121,7 +131,8 @@ def train(work, name, flags, rnd, args, on_gpu):
     """One training run: its steady-state words/s, peak MiB, logged intervals and (first round) profile."""
     save = work / "checkpoints" / name
     shutil.rmtree(save, ignore_errors=True)  # a fresh run, not a resumed one
-    env = dict(os.environ, FW_PROFILE_UPDATE=str(args.profile_update)) if rnd == 0 and args.profile_update else None
+    env = runner_env(name, **({"FW_PROFILE_UPDATE": str(args.profile_update)} if rnd == 0 and args.profile_update
+                              else {}))
     start = time.monotonic()
     out, record = fairseq(
         work, "train", work / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", args.arch, *flags,
@@ -177,7 +188,8 @@ def generate(work, name, length, args, on_gpu):
         work, "generate", work / "bin", "--user-dir", REPO / "fw_fairseq", "--path",
         work / "checkpoints" / name / "checkpoint_last.pt", "--gen-subset", "test", "--beam", args.beam,
         "--batch-size", args.sentences, "--required-batch-size-multiple", "1", "--min-len", length,
-        "--max-len-a", "0", "--max-len-b", length, "--quiet", *(["--fp16"] if on_gpu else ["--cpu"]))
+        "--max-len-a", "0", "--max-len-b", length, "--quiet", *(["--fp16"] if on_gpu else ["--cpu"]),
+        env=runner_env(name))
     match = GENERATED.search(out)
     if match is None:
         raise RuntimeError("fairseq-generate printed no summary:\n" + "\n".join(out.splitlines()[-20:]))
@@ -209,7 +221,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/fw_bench_fairseq"))
     parser.add_argument("--arch", default="transformer_fw_big")
-    parser.add_argument("--configs", nargs="+", choices=NAMES, default=NAMES)
+    parser.add_argument("--configs", nargs="+", choices=NAMES, default=DEFAULT_NAMES)
     parser.add_argument("--updates", type=int, default=240, help="updates per training run")
     parser.add_argument("--epochs", type=int, default=3, help="the training set is sized for about this many "
                         "epochs in --updates (the steady state is read from epochs >= 2)")

@@ -10,6 +10,9 @@ With FW_PROFILE_UPDATE=N in the environment, `train` runs its N-th update (1-bas
 and RECORD_JSON also gets "profile": the top FW_PROFILE_TOP (default 15) operators of that update by self
 time on the device (CUDA kernels on a GPU, CPU operators on a CPU), each with its calls, milliseconds and
 share of the update's self time. One update only: the profiler's overhead stays out of the other updates.
+
+With FW_NO_FUSED_READ=1, no block takes the fused read (fw_fairseq/ops/fused_read): every one takes the path it
+replaces, so that a benchmark can time the two paths of one configuration end to end.
 """
 import importlib
 import json
@@ -69,12 +72,21 @@ def profile_one_update(update, top, record):
     Trainer.train_step = train_step
 
 
+def no_fused_read():
+    """No length is within the fused read's CROSSOVER, so its dispatch hands every block to the other path."""
+    from fw_fairseq.ops.fused_read import dispatch
+
+    dispatch.CROSSOVER = {mode: (0, 0) for mode in dispatch.MODES}
+
+
 def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ENTRY:
         raise SystemExit(f"usage: fairseq_run.py RECORD_JSON {{{','.join(ENTRY)}}} [fairseq arguments ...]")
     record_file, command = sys.argv[1], sys.argv[2]
     sys.argv = [f"fairseq-{command}", *sys.argv[3:]]
     record = {}
+    if os.environ.get("FW_NO_FUSED_READ") == "1":
+        no_fused_read()
     if command == "train" and os.environ.get("FW_PROFILE_UPDATE"):
         profile_one_update(int(os.environ["FW_PROFILE_UPDATE"]), int(os.environ.get("FW_PROFILE_TOP", "15")), record)
     try:

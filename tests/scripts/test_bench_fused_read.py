@@ -9,6 +9,7 @@ import sys
 import bench_fairseq_gpu
 import bench_fused_read_gpu
 import fairseq_run
+import pytest
 import torch
 from conftest import REPO
 
@@ -83,9 +84,45 @@ def test_the_rounds_interleave_every_configuration():
 def test_the_configurations_are_the_shipped_ones_and_table_1s():
     rows = CONFIGS
     assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == rows["dpfp2-sum-vconv3"][1]
-    assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == rows["dpfp2-delta-dec-l2-vconv3"][1]
+    assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == rows["dpfp2-delta-dec-vconv3"][1]
     assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2",
                                                 "--fw-encoder-conv", "0"]
+
+
+def test_an_unfused_configuration_is_its_twin_with_the_fused_read_switched_off_in_the_runner():
+    configs = bench_fairseq_gpu.configs()
+    unfused = [name for name in configs if name.endswith(bench_fairseq_gpu.UNFUSED)]
+    assert sorted(unfused) == ["dpfp2_delta_dec_unfused", "dpfp2_sum_unfused", "table1_dpfp2_unfused"]
+    for name in unfused:
+        assert configs[name] == configs[name.removesuffix(bench_fairseq_gpu.UNFUSED)]
+        assert bench_fairseq_gpu.runner_env(name)["FW_NO_FUSED_READ"] == "1"
+    assert bench_fairseq_gpu.runner_env("dpfp2_sum") is None
+    assert "FW_NO_FUSED_READ" not in bench_fairseq_gpu.runner_env("dpfp2_sum", FW_PROFILE_UPDATE="3")
+    assert bench_fairseq_gpu.parse_args(["--out", "x"]).configs == bench_fairseq_gpu.DEFAULT_NAMES
+
+
+def test_the_runner_without_the_fused_read_sends_every_block_to_the_other_path(monkeypatch):
+    pytest.importorskip("triton")
+    from factories import build_model, random_tokens
+    from fw_fairseq.ops.fused_read import dispatch
+
+    model, d = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--encoder-layers", "1",
+                            "--decoder-layers", "1"])
+    model.double().eval()
+    g = torch.Generator().manual_seed(0)
+    src, prev = random_tokens(d, 2, 5, g), random_tokens(d, 2, 4, g)
+    calls = []
+    original = dispatch.read
+    monkeypatch.setattr(dispatch, "read", lambda *args: calls.append(args[1].name) or original(*args))
+    monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))  # the CPU under Triton's interpreter (conftest.py)
+    monkeypatch.setattr(dispatch, "CROSSOVER", dispatch.CROSSOVER)  # restored after the runner's change
+    with torch.no_grad():
+        fused, _ = model(src, torch.tensor([5, 5]), prev)
+        assert len(calls) == 3  # encoder self-, decoder self- and cross-attention
+        fairseq_run.no_fused_read()
+        other, _ = model(src, torch.tensor([5, 5]), prev)
+    assert len(calls) == 3
+    torch.testing.assert_close(other, fused, rtol=1e-9, atol=1e-9)
 
 
 def test_the_ratios_take_medians_spreads_and_peaks_over_runs():

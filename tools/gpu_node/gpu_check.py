@@ -131,7 +131,8 @@ class Check:
             "bench_ops": [py, str(REPO / "benchmarks" / "bench_gpu.py"), "--quick", "--out", str(out / "bench_gpu.json")],
             "cuda_graph": [py, str(REPO / "benchmarks" / "gpu_cuda_graph.py")],
             "bench_fairseq": [py, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out",
-                              str(out / "bench_fairseq.json"), "--work", "/tmp/fw_bench_fairseq"],
+                              str(out / "bench_fairseq.json"), "--work", "/tmp/fw_bench_fairseq",
+                              *shlex.split(self.args.bench_fairseq_args)],
         }
 
     def stamps(self):
@@ -277,6 +278,9 @@ def parse_args(argv=None):
     parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], metavar="STEP",
                         help="run only these steps of the part, and the environment step (stamped builds are still "
                         "reused)")
+    parser.add_argument("--bench-fairseq-args", default="", metavar="ARGS",
+                        help="more arguments for the bench_fairseq step (benchmarks/bench_fairseq_gpu.py), one "
+                        "quoted string, e.g. '--configs softmax dpfp2_sum dpfp2_sum_unfused --updates 150'")
     parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
     parser.add_argument("--environment-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
