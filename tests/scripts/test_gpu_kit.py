@@ -82,6 +82,14 @@ def test_only_keeps_the_environment_step_that_the_prebuilt_builds_are_matched_ag
     assert planned == ["environment", "build_fairseq", "bench_fairseq"]
 
 
+def test_the_fairseq_benchmark_takes_more_arguments_from_the_check():
+    proc = gpu_check("--dry-run", "--part", "fairseq", "--only", "bench_fairseq", "--bench-fairseq-args",
+                     "--configs softmax dpfp2_sum_unfused --updates 150")
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.splitlines()[-1]
+    assert "bench_fairseq_gpu.py" in command and command.endswith("--configs softmax dpfp2_sum_unfused --updates 150")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--part", "gpu"], "argument --part: invalid choice: 'gpu' (choose from 'all', 'kernels', 'fairseq')"),
     (["--budget-s", "3"], "argument --budget-s: must be more than 15 seconds"),
