@@ -64,6 +64,13 @@ CONFIGS = {
     # changes its key's slot by beta ||phi(k)||^2 of the difference, so repeated writes of one pair keep adding
     "dpfp2-delta-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                         "--fw-delta-norm", "sum", *CONV3]),
+    # the sum-normalised delta configuration with each decoder head's read RMS-normalised: its state grows with the
+    # number of writes, and so does the read's size, past the training lengths on long messages (docs/long_outputs.md)
+    "dpfp2-delta-dec-rms-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                            "--fw-delta-norm", "sum", "--fw-output-gate", "rms:decoder", *CONV3]),
+    # the sum-normalised delta configuration with the z column: the read divided by the rule's memory of a constant 1
+    "dpfp2-deltaz-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta_z",
+                                         "--fw-delta-norm", "sum", *CONV3]),
     # the delta configuration with a forget gate (the gated delta rule, L2): every step also decays the whole state
     # by alpha, so in a loop the rest of the memory keeps moving while the repeated pair is rewritten
     "dpfp2-gated-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",

@@ -49,7 +49,7 @@ def parse_output_gate(text: str) -> str:
         places = None  # not a LIST of blocks: reported below with the flag's whole syntax
     if kind not in OUTPUT_GATES or (colon and kind == "none") or places in (None, "none"):
         raise argparse.ArgumentTypeError(
-            f"--fw-output-gate got {text!r}; allowed: none, {' or '.join(OUTPUT_GATES[1:])}, each optionally "
+            f"--fw-output-gate got {text!r}; allowed: {', '.join(OUTPUT_GATES[:-1])} or {OUTPUT_GATES[-1]}, each optionally "
             f"followed by :LIST, a comma-separated subset of {','.join(PLACES)} (e.g. channel:cross)")
     return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
 

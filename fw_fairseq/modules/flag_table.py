@@ -86,7 +86,8 @@ FLAGS = (
     Flag("--fw-update-rule", "update_rule", "sum: W += phi(k) v^T with the z.phi(q) denominator (paper Table 1); "
          "delta: the paper's delta rule with learned beta and normalised phi; gated_delta: the delta rule with a "
          "learned decay alpha = sigmoid(w_alpha^T x + b) per head (Gated DeltaNet), b initialised to "
-         f"{GATE_BIAS_INIT:g} so that alpha starts near 1 ({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f})",
+         f"{GATE_BIAS_INIT:g} so that alpha starts near 1 ({1 / (1 + math.exp(-GATE_BIAS_INIT)):.3f}); delta_z: the "
+         "delta rule's read divided by z.phi(q), z the same rule's memory of a constant 1 (beyond the paper)",
          dict(choices=UPDATE_RULES), dict(translation="sum", lm="delta")),
     *(Flag(f"--fw-{place}-rule", None, f"the update rule of {words} (default: --fw-update-rule), or one rule per "
            "layer, comma-separated, first layer first (e.g. sum,delta)",
@@ -136,8 +137,9 @@ FLAGS = (
          dict(translation="never", lm="batch"), before="batch", recorded=lambda blocks: blocks.feature_map == "favor"),
     Flag("--fw-output-gate", "output_gate", "none: the read goes to the output projection as it is (the paper); "
          "channel or head: multiplied first by sigmoid(W_g x + b_g) from the query's input x, one gate per channel "
-         "or one per head, in every fast-weight block or, with :LIST (e.g. channel:cross), in those of "
-         "encoder,decoder,cross only", dict(type=parse_output_gate, metavar="{none,channel,head}[:LIST]"),
+         "or one per head; rms: each head's read over its root mean square, times a learned weight per channel "
+         "(DeltaNet's output norm); in every fast-weight block or, with :LIST (e.g. channel:cross), in those of "
+         "encoder,decoder,cross only", dict(type=parse_output_gate, metavar="{none,channel,head,rms}[:LIST]"),
          dict(translation="none", lm="none"), before="none", recorded=lambda blocks: bool(blocks.places),
          unrecorded="none", value=lambda config: config.gate_record()),
     Flag("--fw-encoder-conv", "encoder_conv", "encoder self-attention adds a depthwise convolution of width K over "

@@ -127,6 +127,8 @@ def main(argv=None):
         results["runs"] += [r for r in previous["runs"] if (r["config"], r["seed"]) not in done]
         results["configs"] = {**previous["configs"], **results["configs"]}
         results["seeds"] = sorted({r["seed"] for r in results["runs"]})
+        # the file's wall time is every invocation's that trained its rows
+        results["wall_minutes"] = round(previous.get("wall_minutes", 0) + results["wall_minutes"], 1)
     stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
     print(compare_report.write(stem, results))
     print(f"results: {stem}.json, table {stem}.md, curves {stem}.png")

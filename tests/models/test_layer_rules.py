@@ -80,7 +80,7 @@ def test_an_unknown_rule_in_the_list_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         parse_model_args(FW + ["--fw-decoder-rule", "sum,hebb"])
     err = capsys.readouterr().err
-    assert "--fw-decoder-rule" in err and "allowed: sum, delta, gated_delta, or one of them per layer" in err
+    assert "--fw-decoder-rule" in err and "allowed: sum, delta, gated_delta, delta_z, or one of them per layer" in err
 
 
 def test_a_language_model_takes_a_rule_per_layer():

@@ -51,9 +51,9 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-delta-norm", "max", "'sum', 'l2'"),
     ("--fw-beta-bias", "high", "invalid float value"),
     ("--fw-favor-redraw", "sometimes", "'batch', 'never'"),
-    ("--fw-output-gate", "tanh", "allowed: none, channel or head, each optionally followed by :LIST"),
+    ("--fw-output-gate", "tanh", "allowed: none, channel, head or rms, each optionally followed by :LIST"),
     ("--fw-output-gate", "channel:ffn", "a comma-separated subset of encoder,decoder,cross"),
-    ("--fw-output-gate", "none:cross", "allowed: none, channel or head"),
+    ("--fw-output-gate", "none:cross", "allowed: none, channel, head or rms"),
     ("--fw-encoder-conv", "4", "allowed: 0 (off) or an odd width >= 3"),
     ("--fw-encoder-conv", "wide", "allowed: 0 (off) or an odd width >= 3"),
 ])

@@ -41,7 +41,8 @@ def reference(attn, query, key, pad, causal, delta_norm="sum"):
     ones = torch.ones(S, B, H, dtype=torch.float64)
     beta = attn.beta_max * torch.sigmoid(attn.beta_proj(key)) if rule != "sum" else ones
     alpha = torch.sigmoid(attn.alpha_proj(key)) if rule == "gated_delta" else ones
-    W, z, memories = torch.zeros(B, H, k.size(-1), d, dtype=torch.float64), 0, []
+    W, memories = torch.zeros(B, H, k.size(-1), d, dtype=torch.float64), []
+    z = torch.zeros(B, H, k.size(-1), dtype=torch.float64)  # the z column's memory (sum, delta_z)
     for s in range(S):
         ks, live = k[s] * keep[s, :, None, None], keep[s, :, None]  # [B, H, E], [B, 1]
         if rule == "sum":
@@ -50,12 +51,14 @@ def reference(attn, query, key, pad, causal, delta_norm="sum"):
             W = (alpha[s] * live + 1 - live)[..., None, None] * W
             u = beta[s][..., None] * live[..., None] * (v[s] - torch.einsum("bhe,bhed->bhd", ks, W))
             W = W + ks[..., None] * u[..., None, :]
+            # delta_z: z is the delta rule's memory of a constant 1, z += beta phi(k) (1 - z . phi(k))
+            z = z + ks * (beta[s] * live * (1 - (ks * z).sum(-1)))[..., None]
         memories.append((W, z))
     out = []
     for t in range(T):
         W, z = memories[t if causal else -1]
         y = torch.einsum("bhe,bhed->bhd", q[t], W)  # [B, H, d]
-        if rule == "sum":
+        if rule in ("sum", "delta_z"):
             y = y / ((q[t] * z).sum(-1, keepdim=True) + 1e-6)
         out.append(y.reshape(B, C))
     return attn.out_proj(torch.stack(out))

@@ -1,6 +1,7 @@
 """--fw-output-gate (float64): a block's read y goes to the output projection as sigmoid(W_g x_t + b_g) * y,
-the gate computed from the query's input x_t per channel (`channel`) or per head (`head`), on every path
-and in every decoding cache; without the flag the block has no gate parameters."""
+the gate computed from the query's input x_t per channel (`channel`) or per head (`head`), or as each head's
+y / rms(y) times a learned weight per channel (`rms`), on every path and in every decoding cache; without the
+flag the block has no gate parameters."""
 import pytest
 import torch
 
@@ -18,10 +19,17 @@ def pair(path, rule, kind):
     configs = [FastWeightConfig("dpfp", rule, 2, 8, frozenset(), delta_norm="l2", output_gate=gate)
                for gate in (kind, "none")]
     gated, plain = block_pair(C, H, *configs, "output_gate.", **PATHS[path])
-    with torch.no_grad():
-        gated.output_gate.proj.weight.normal_()  # far from its init, so that the gates differ
-        gated.output_gate.proj.bias.normal_()
+    with torch.no_grad():  # far from their init, so that the gates (or the norm's weights) differ
+        for param in gated.output_gate.parameters():
+            param.normal_()
     return gated, plain
+
+
+def expected_rms(gated, read):
+    """Each head's read [T, B, C] over its root mean square, times the norm's weight per channel."""
+    heads = read.reshape(*read.shape[:2], H, C // H)  # [T, B, H, D]
+    rms = (heads.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+    return (heads / rms).reshape(read.shape) * gated.output_gate.weight
 
 
 def expected_gate(gated, query):
@@ -32,7 +40,7 @@ def expected_gate(gated, query):
     return gate
 
 
-@pytest.mark.parametrize("kind", ["channel", "head"])
+@pytest.mark.parametrize("kind", ["channel", "head", "rms"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_the_gate_multiplies_the_read(path, rule, kind):
@@ -40,9 +48,14 @@ def test_the_gate_multiplies_the_read(path, rule, kind):
     g = torch.Generator().manual_seed(1)
     query = torch.randn(5, 3, C, generator=g, dtype=torch.float64)  # [T, B, C]
     key = torch.randn(7, 3, 10, generator=g, dtype=torch.float64) if path == "cross" else query
-    gate = expected_gate(gated, query)
-    assert gate.std() > 0.1  # the gates differ
-    expected = plain(query, key, key)[0] * gate
+    read = plain(query, key, key)[0]
+    if kind == "rms":
+        expected = expected_rms(gated, read)
+        assert not torch.allclose(expected, read)
+    else:
+        gate = expected_gate(gated, query)
+        assert gate.std() > 0.1  # the gates differ
+        expected = read * gate
     torch.testing.assert_close(gated(query, key, key)[0], expected, rtol=1e-12, atol=1e-12)
     if path == "encoder":
         return
@@ -55,12 +68,23 @@ def test_the_gate_multiplies_the_read(path, rule, kind):
     torch.testing.assert_close(torch.cat(steps), expected, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind,width", [("channel", C), ("head", H)])
-def test_only_a_gated_block_has_gate_parameters(kind, width):
+@pytest.mark.parametrize("kind,shapes", [("channel", {"proj.weight": (C, C), "proj.bias": (C,)}),
+                                         ("head", {"proj.weight": (H, C), "proj.bias": (H,)}),
+                                         ("rms", {"weight": (C,)})])
+def test_only_a_gated_block_has_gate_parameters(kind, shapes):
     gated, plain = pair("encoder", "sum", kind)
     extra = {n: p.shape for n, p in gated.named_parameters()}.items() - {
         n: p.shape for n, p in plain.named_parameters()}.items()
-    assert dict(extra) == {"output_gate.proj.weight": (width, C), "output_gate.proj.bias": (width,)}
+    assert dict(extra) == {f"output_gate.{name}": shape for name, shape in shapes.items()}
+
+
+def test_the_norm_keeps_a_read_of_zero_finite_and_fp16_reads_in_fp16():
+    gated, _ = pair("causal", "delta", "rms")
+    norm = gated.output_gate.float()
+    assert torch.equal(norm(None, torch.zeros(2, 1, C)), torch.zeros(2, 1, C))
+    read = torch.randn(3, 2, C).half() * 300  # squares past fp16's range: the mean square is taken in fp32
+    out = norm(None, read)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
 
 
 def test_gated_model_decodes_as_teacher_forcing():

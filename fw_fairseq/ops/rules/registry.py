@@ -3,7 +3,7 @@
 The attention module's flags (--fw-update-rule, --fw-{place}-rule), the checkpoint records, the synthetic task
 and the benchmarks read the table; a rule registered before they parse or build is theirs like the shipped ones.
 """
-from fw_fairseq.ops.rules.delta.record import DELTA, GATED_DELTA
+from fw_fairseq.ops.rules.delta.record import DELTA, DELTA_Z, GATED_DELTA
 from fw_fairseq.ops.rules.record import UpdateRule
 from fw_fairseq.ops.rules.sum.record import SUM
 
@@ -42,5 +42,5 @@ def rule_with(fn, scalars):
     raise ValueError(f"{fn}: no update rule takes the scalars ({', '.join(given)}); the rules take {allowed}")
 
 
-for _rule in (SUM, DELTA, GATED_DELTA):
+for _rule in (SUM, DELTA, GATED_DELTA, DELTA_Z):
     register_rule(_rule)

@@ -2,8 +2,15 @@
 - delta: W_t = W_{t-1} + beta_t phi(k_t) (v_t - W_{t-1}^T phi(k_t))^T, beta [B, H, T];
 - gated delta: W_t = alpha_t W_{t-1} + beta_t phi(k_t) (v_t - alpha_t W_{t-1}^T phi(k_t))^T, alpha [B, H, T] in
   (0, 1] (not checked: that would synchronise a GPU at every call); alpha = 1 is the delta rule, whose forms are
-  the gated ones with the decay skipped.
+  the gated ones with the decay skipped;
+- delta_z (beyond the paper): the delta rule with the values' z column, o_t = W_t^T phi(q_t) / (z_t . phi(q_t)),
+  z_t the same rule's memory of a constant 1. Each value column evolves on its own under the delta rule, so z is one
+  more column of the same forms. While the writes are small against what a key holds (sum-normalised phi), W_t and
+  z_t grow with the number of writes and the read is their ratio, a weighted mean of the values as the sum rule's;
+  once a key's slot holds its value, z_t . phi(k_t) is 1 and the read is the delta rule's.
 o_t = W_t^T phi(q_t). A padded position has beta = 0 (no write) and alpha = 1 (no decay)."""
+from dataclasses import replace
+
 from fw_fairseq.ops.rules.delta.fused import delta_fused, gated_delta_fused
 from fw_fairseq.ops.rules.delta.short_read import delta_short_read
 from fw_fairseq.ops.rules.delta.chunked import chunked_delta, chunked_gated_delta
@@ -43,3 +50,5 @@ GATED_DELTA = UpdateRule(
     in_place_step=in_place_step_gated_delta, kernel="gated_delta", kernel_memory=True,
     kernel_scalars=lambda beta, alpha: (beta, alpha), fused=gated_delta_fused,
 )
+# no fused GPU read or CPU short read: both form the values from raw heads without the z column
+DELTA_Z = replace(DELTA, name="delta_z", z_column=True, fused=None, short=None)
