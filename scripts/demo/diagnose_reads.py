@@ -20,49 +20,37 @@ from pathlib import Path
 import torch
 
 from diagnose_loops import load
-from loop_reads import teacher_forced
+from loop_reads import capture_inputs, teacher_forced
 
 BUCKETS = ((0, 5), (5, 10), (10, 15), (15, 20), (20, 30), (30, 45), (45, 80))
-
-
-def capture_reads(model):
-    """Hooks that keep each decoder layer's self-attention read [T, 1, C] where it leaves the rule: the output
-    gate's input where the block has one, else the output projection's."""
-    store, handles = [], []
-    for layer in model.decoder.layers:
-        attn, entry = layer.self_attn, {}
-        store.append(entry)
-        gate = getattr(attn, "output_gate", None)
-        if gate is not None:
-            hook = gate.register_forward_pre_hook(lambda module, args, entry=entry: entry.__setitem__("read", args[1]))
-        else:
-            hook = attn.out_proj.register_forward_pre_hook(
-                lambda module, args, entry=entry: entry.__setitem__("read", args[0]))
-        handles.append(hook)
-    return store, handles
 
 
 def read_sizes(model, dataset, limit):
     """Per decoder layer, per position bucket: the mean over positions of the heads' mean read norm."""
     sizes = [{bucket: [] for bucket in BUCKETS} for _ in model.decoder.layers]
-    for index in range(min(limit, len(dataset))):
-        item = dataset[index]
-        store, handles = capture_reads(model)
-        try:
+    heads = model.decoder.layers[0].self_attn.num_heads
+    store, handles = capture_inputs(model)  # each message's forward overwrites the layers' entries
+    try:
+        for index in range(min(limit, len(dataset))):
+            item = dataset[index]
             teacher_forced(model, item["source"], item["target"])
-        finally:
-            for handle in handles:
-                handle.remove()
-        heads = model.decoder.layers[0].self_attn.num_heads
-        for layer, entry in zip(sizes, store):
-            read = entry["read"][:, 0]  # [T, 1, C] -> [T, C]
-            norms = read.reshape(read.size(0), heads, -1).norm(dim=-1).mean(-1)  # [T, H, D] -> [T]
-            for position, value in enumerate(norms.tolist()):
-                bucket = next((b for b in BUCKETS if b[0] <= position < b[1]), None)
-                if bucket is not None:
-                    layer[bucket].append(value)
+            _add_positions(sizes, store, heads)
+    finally:
+        for handle in handles:
+            handle.remove()
     return [{f"{lo}-{hi - 1}": (round(statistics.fmean(v), 3) if v else None) for (lo, hi), v in layer.items()}
             for layer in sizes]
+
+
+def _add_positions(sizes, store, heads):
+    """Adds one message's per-position read sizes of each layer (store: capture_inputs' entries) to its buckets."""
+    for layer, entry in zip(sizes, store):
+        read = entry["read"][:, 0]  # [T, 1, C] -> [T, C]
+        norms = read.reshape(read.size(0), heads, -1).norm(dim=-1).mean(-1)  # [T, H, D] -> [T]
+        for position, value in enumerate(norms.tolist()):
+            bucket = next((b for b in BUCKETS if b[0] <= position < b[1]), None)
+            if bucket is not None:
+                layer[bucket].append(value)
 
 
 def training_lengths(task):
@@ -101,11 +89,14 @@ def main(argv=None):
         checkpoint = args.work_dir / "checkpoints" / name / "checkpoint_last.pt"
         if not checkpoint.is_file():
             parser.error(f"--runs {name}: no checkpoint at {checkpoint}")
+        model, task = load(checkpoint, args.work_dir / "data-bin", args.subsets[0])
+        model.double()  # in place
         run = {"subsets": {}}
         for subset in args.subsets:
-            model, task = load(checkpoint, args.work_dir / "data-bin", subset)
-            run["subsets"][subset] = read_sizes(model.double(), task.dataset(subset), args.limit)
-        report["training_target_tokens"] = {str(q): n for q, n in training_lengths(task).items()}
+            task.load_dataset(subset)
+            run["subsets"][subset] = read_sizes(model, task.dataset(subset), args.limit)
+        if "training_target_tokens" not in report:  # one data-bin for every run
+            report["training_target_tokens"] = {str(q): n for q, n in training_lengths(task).items()}
         report["runs"][name] = run
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(report, indent=1))

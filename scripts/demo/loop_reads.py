@@ -26,7 +26,8 @@ def teacher_forced(model, source, target):
 
 
 def capture_inputs(model):
-    """Hooks that keep each decoder layer's self-attention input x [T, 1, C] and its read before out_proj."""
+    """Hooks that keep each decoder layer's self-attention input x [T, 1, C] and its read [T, 1, C] where it leaves
+    the rule: the output gate's input where the block has one (--fw-output-gate), else the output projection's."""
     store, handles = [], []
     for layer in model.decoder.layers:
         attn, entry = layer.self_attn, {}
@@ -35,8 +36,11 @@ def capture_inputs(model):
             lambda module, args, kwargs, entry=entry: entry.__setitem__("x", kwargs.get("query", args[0] if args
                                                                                           else None)),
             with_kwargs=True))
-        handles.append(attn.out_proj.register_forward_pre_hook(
-            lambda module, args, entry=entry: entry.__setitem__("read", args[0])))
+        gate = getattr(attn, "output_gate", None)  # softmax blocks have none
+        handles.append(gate.register_forward_pre_hook(
+            lambda module, args, entry=entry: entry.__setitem__("read", args[1])) if gate is not None else
+            attn.out_proj.register_forward_pre_hook(
+                lambda module, args, entry=entry: entry.__setitem__("read", args[0])))
     return store, handles
 
 

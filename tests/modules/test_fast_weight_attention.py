@@ -51,8 +51,8 @@ def reference(attn, query, key, pad, causal, delta_norm="sum"):
             W = (alpha[s] * live + 1 - live)[..., None, None] * W
             u = beta[s][..., None] * live[..., None] * (v[s] - torch.einsum("bhe,bhed->bhd", ks, W))
             W = W + ks[..., None] * u[..., None, :]
-            # delta_z: z is the delta rule's memory of a constant 1, z += beta phi(k) (1 - z . phi(k))
-            z = z + ks * (beta[s] * live * (1 - (ks * z).sum(-1)))[..., None]
+            if rule == "delta_z":  # z is the delta rule's memory of a constant 1: z += beta phi(k) (1 - z . phi(k))
+                z = z + ks * (beta[s] * live * (1 - (ks * z).sum(-1)))[..., None]
         memories.append((W, z))
     out = []
     for t in range(T):
