@@ -97,6 +97,14 @@ CONFIGS = {
     "dpfp2-delta-sum-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
                                                "--fw-delta-norm", "l2", *CONV3]),
+    # the sum rule in the last decoder layer above the sum-normalised delta rule, plain or with its z column: the
+    # last layer's rule decides whether a translation runs away (docs/long_outputs.md)
+    "dpfp2-delta-sum-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                            lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
+                                            "--fw-delta-norm", "sum", *CONV3]),
+    "dpfp2-deltaz-sum-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                             lambda layers: ",".join(["delta_z"] * (layers - 1) + ["sum"]),
+                                             "--fw-delta-norm", "sum", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
     # the learned maps of converted softmax models (scripts/convert/convert_study.py trains them from scratch too)

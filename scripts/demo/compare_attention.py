@@ -123,15 +123,31 @@ def main(argv=None):
     args.out_dir.mkdir(parents=True, exist_ok=True)
     previous = json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").exists() else None
     if previous:  # rows run earlier with the same preset and updates stay in the table
-        done = {(r["config"], r["seed"]) for r in results["runs"]}
-        results["runs"] += [r for r in previous["runs"] if (r["config"], r["seed"]) not in done]
-        results["configs"] = {**previous["configs"], **results["configs"]}
-        results["seeds"] = sorted({r["seed"] for r in results["runs"]})
-        # the file's wall time is every invocation's that trained its rows
-        results["wall_minutes"] = round(previous.get("wall_minutes", 0) + results["wall_minutes"], 1)
+        results = merged(previous, results)
     stem.with_suffix(".json").write_text(json.dumps(results, ensure_ascii=False, indent=1))
     print(compare_report.write(stem, results))
     print(f"results: {stem}.json, table {stem}.md, curves {stem}.png")
+
+
+def merged(previous, results):
+    """A results file `previous` with the rows of `results` (same preset and updates) added, or replacing its rows of
+    the same configuration and seed. Its wall time and jobs are those of every invocation that brought it rows."""
+    rows = {(r["config"], r["seed"]): r for r in results["runs"]}
+    new = rows.keys() - {(r["config"], r["seed"]) for r in previous["runs"]}
+    # the file's rows in their order, a row run again in its place, the new rows after them
+    runs = [rows.get((r["config"], r["seed"]), r) for r in previous["runs"]] + [rows[key] for key in rows if key in new]
+    return {**results, "runs": runs, "configs": {**previous["configs"], **results["configs"]},
+            "seeds": sorted({r["seed"] for r in runs}),
+            "wall_minutes": round(previous.get("wall_minutes", 0) + (results["wall_minutes"] if new else 0), 1),
+            "jobs": merged_jobs(previous["jobs"], results["jobs"] if new else None)}
+
+
+def merged_jobs(previous, jobs):
+    """Jobs at once of a results file's models: `previous` (a count, or a list of counts) with `jobs` (None: no
+    more). One count stays a number."""
+    previous, jobs = (value if isinstance(value, list) else [value] if value else [] for value in (previous, jobs))
+    counts = sorted(set(previous) | set(jobs))
+    return counts[0] if len(counts) == 1 else counts
 
 
 if __name__ == "__main__":

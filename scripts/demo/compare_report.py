@@ -106,7 +106,8 @@ def table(results):
     lines += by_seed(rows, seeds)
     lines += lengths(rows, seeds)
     lines += by_source_length(rows)
-    lines.append(f"\nSeconds per update are wall time of training updates in this run ({results['jobs']} "
+    jobs = results["jobs"] if isinstance(results["jobs"], list) else [results["jobs"]]
+    lines.append(f"\nSeconds per update are wall time of training updates in this run ({' or '.join(map(str, jobs))} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
     lines += [f"- `{name}`: `{' '.join(row['flags'])}`" for name, row in rows.items()]

@@ -1,13 +1,17 @@
 """What the decoder's fast-weight self-attention reads over a teacher-forced translation (scripts/demo/diagnose_loops.py's
 (c, d)): each layer's read recomputed in float64 from its projections, checked against the layer's own output, and
 per step the write strength beta, the cosines of consecutive keys, of query and key, of consecutive reads and of the
-read with the value, the sum rule's normaliser and the share of the read the earlier positions carry.
+read with the value, the normaliser (the sum rule's and delta_z's), how full delta_z's slot of the key is, and the
+share of the read the earlier positions carry.
 """
 import math
 import statistics
 
 import torch
 import torch.nn.functional as F
+
+from fw_fairseq.ops import append_z_column
+from fw_fairseq.ops.common.z_column import Z_EPS
 
 
 def next_token_lprobs(model, source, target, eos):
@@ -61,18 +65,25 @@ def recompute(attn, x):
         if "beta" in attn.rule.scalars:
             beta = torch.sigmoid(attn.beta_proj(x).to(torch.float64))[:, 0].T * attn.beta_max  # [H, T]
             out["beta"] = beta
+            if attn.rule.z_column:  # delta_z: z, the rule's memory of a constant 1, is the values' last column
+                v = append_z_column(v[None])[0]  # [H, T, D + 1]
             state = torch.zeros(q.size(0), phi_k.size(-1), v.size(-1), dtype=torch.float64)
-            reads, retrieved, change = [], [], []
+            reads, retrieved, change, filled = [], [], [], []
             for t in range(length):
                 old = torch.einsum("he,hem->hm", phi_k[:, t], state)  # what the key reads before its write
                 retrieved.append(old)
                 write = beta[:, t, None, None] * phi_k[:, t, :, None] * (v[:, t] - old)[:, None, :]
                 state = state + write
+                filled.append(torch.einsum("he,hem->hm", phi_k[:, t], state)[:, -1])  # the key's slot, last column
                 change.append(write.flatten(1).norm(dim=-1) / state.flatten(1).norm(dim=-1).clamp_min(1e-12))
                 reads.append(torch.einsum("he,hem->hm", phi_q[:, t], state))
             out["read"] = torch.stack(reads, 1)
             out["retrieved"] = torch.stack(retrieved, 1)
             out["state_change"] = torch.stack(change, 1)
+            if attn.rule.z_column:  # the read over z . phi(q); z . phi(k) after the write: how full the key's slot is
+                out["z"] = out["read"][..., -1]
+                out["key_fill"] = torch.stack(filled, 1)  # [H, T]
+                out["read"], out["v"] = out["read"][..., :-1] / (out["z"][..., None] + Z_EPS), v[..., :-1]
         else:  # the sum rule: y_t = sum_s (phi_q_t . phi_k_s) v_s / sum_s phi_q_t . phi_k_s
             scores = torch.einsum("hte,hse->hts", phi_q, phi_k).tril()
             z = scores.sum(-1)
@@ -105,6 +116,9 @@ def read_stats(parts, start, end):
         per_step["beta"] = parts["beta"]
         # how much of what the key held before this write stays after it: 1 - beta ||phi_k||^2
         per_step["kept_at_key"] = 1 - parts["beta"] * (phi_k * phi_k).sum(-1)
+        if "z" in parts:  # delta_z: its normaliser z . phi(q), and z . phi(k) after the write (1: the slot is full)
+            per_step["normaliser"] = parts["z"]
+            per_step["key_fill"] = parts["key_fill"]
     else:
         per_step["normaliser"] = parts["z"]
         # the share of the read's weight on the positions before the loop

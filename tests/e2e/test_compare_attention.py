@@ -100,3 +100,23 @@ def test_the_lengths_section_shows_what_the_runs_recorded():
                        run("dpfp2-sum", 21.0, 0.8, tuned)]
     text = compare_report.table(results)
     assert "| dpfp2-sum | 0.800 | 50.00 / 30.00 / 20.00 / 10.00 | 22.00 | 1.10× | 1.0 | 0.850 |" in text
+
+
+def test_a_merged_results_file_keeps_the_wall_time_and_jobs_of_the_invocations_that_brought_rows():
+    def run(config, seed, bleu=20.0):
+        return {"config": config, "seed": seed, "curve": [[10, 5.0]], "seconds_per_update": 0.1, "bleu": bleu,
+                "length_ratio": 0.9, "precisions": [50.0, 30.0, 20.0, 10.0]}
+    softmax, fast = {"kind": "softmax", "flags": []}, {"kind": "fast", "flags": []}
+    previous = {"preset": "demo", "updates": 10, "cpu_count": 2, "torch": "x", "jobs": 1, "seeds": [1],
+                "wall_minutes": 30.0, "configs": {"softmax": softmax}, "runs": [run("softmax", 1)]}
+    results = {**previous, "jobs": 2, "seeds": [1, 2], "wall_minutes": 12.0, "configs": {"softmax": softmax,
+               "dpfp2-sum": fast}, "runs": [run("softmax", 1, bleu=21.0), run("dpfp2-sum", 1), run("dpfp2-sum", 2)]}
+    merged = compare_attention.merged(previous, results)
+    assert (merged["jobs"], merged["wall_minutes"], merged["seeds"]) == ([1, 2], 42.0, [1, 2])
+    assert [(r["config"], r["seed"], r["bleu"]) for r in merged["runs"]][0] == ("softmax", 1, 21.0)  # replaced
+    assert len(merged["runs"]) == 3 and set(merged["configs"]) == {"softmax", "dpfp2-sum"}
+    # an invocation that only reads stored rows the file has adds neither time nor jobs
+    again = compare_attention.merged(merged, {**results, "jobs": 3, "wall_minutes": 0.1})
+    assert (again["jobs"], again["wall_minutes"]) == ([1, 2], 42.0)
+    assert compare_attention.merged_jobs([1, 2], [2, 3]) == [1, 2, 3] and compare_attention.merged_jobs(2, 2) == 2
+    assert "(1 or 2 at once)" in compare_report.table(merged)
