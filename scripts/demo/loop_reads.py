@@ -10,8 +10,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from fw_fairseq.ops import append_z_column
-from fw_fairseq.ops.common.z_column import Z_EPS
+from fw_fairseq.ops import append_z_column, divide_by_z
 
 
 def next_token_lprobs(model, source, target, eos):
@@ -68,22 +67,22 @@ def recompute(attn, x):
             if attn.rule.z_column:  # delta_z: z, the rule's memory of a constant 1, is the values' last column
                 v = append_z_column(v[None])[0]  # [H, T, D + 1]
             state = torch.zeros(q.size(0), phi_k.size(-1), v.size(-1), dtype=torch.float64)
-            reads, retrieved, change, filled = [], [], [], []
+            reads, retrieved, change = [], [], []
             for t in range(length):
                 old = torch.einsum("he,hem->hm", phi_k[:, t], state)  # what the key reads before its write
                 retrieved.append(old)
                 write = beta[:, t, None, None] * phi_k[:, t, :, None] * (v[:, t] - old)[:, None, :]
                 state = state + write
-                filled.append(torch.einsum("he,hem->hm", phi_k[:, t], state)[:, -1])  # the key's slot, last column
                 change.append(write.flatten(1).norm(dim=-1) / state.flatten(1).norm(dim=-1).clamp_min(1e-12))
                 reads.append(torch.einsum("he,hem->hm", phi_q[:, t], state))
             out["read"] = torch.stack(reads, 1)
             out["retrieved"] = torch.stack(retrieved, 1)
             out["state_change"] = torch.stack(change, 1)
             if attn.rule.z_column:  # the read over z . phi(q); z . phi(k) after the write: how full the key's slot is
-                out["z"] = out["read"][..., -1]
-                out["key_fill"] = torch.stack(filled, 1)  # [H, T]
-                out["read"], out["v"] = out["read"][..., :-1] / (out["z"][..., None] + Z_EPS), v[..., :-1]
+                # after the write the key reads old + beta ||phi_k||^2 (v - old): its z column is the slot's fill
+                old, z_k = out["retrieved"][..., -1], v[..., -1]  # [H, T]
+                out["key_fill"] = old + beta * (phi_k * phi_k).sum(-1) * (z_k - old)
+                out["z"], out["read"], out["v"] = out["read"][..., -1], divide_by_z(out["read"]), v[..., :-1]
         else:  # the sum rule: y_t = sum_s (phi_q_t . phi_k_s) v_s / sum_s phi_q_t . phi_k_s
             scores = torch.einsum("hte,hse->hts", phi_q, phi_k).tril()
             z = scores.sum(-1)
