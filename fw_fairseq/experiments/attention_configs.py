@@ -118,6 +118,11 @@ CONFIGS = {
                                         "never", *CONV3]),
     "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
                                               *CONV3]),
+    # softmax cross-attention: on a long source it stays on a few positions where the fast weights' read spreads
+    # over most of them, and the translations start fewer loops (docs/long_outputs_onsets.md)
+    "dpfp2-delta-dec-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                    "--fw-delta-norm", "sum", "--fw-attention", "encoder,decoder",
+                                                    *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

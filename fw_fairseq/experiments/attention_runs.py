@@ -154,17 +154,27 @@ def bucket_of(words):
     return next(name for name, low, high in BUCKETS if words >= low and (high is None or words <= high))
 
 
-def repeats(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
-    """Whether some n-gram of `tokens` (n <= max_n) occurs `times` times in a row: "puis puis puis puis",
-    "a b a b a b a b". An n-gram repeated k times in a row is a stretch of (k - 1) n positions j where
+def loop_span(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
+    """(start, end) of the first stretch of `tokens` in which an n-gram (n <= max_n, the smallest n first) occurs
+    `times` times in a row ("puis puis puis puis", "a b a b a b a b"), from its second occurrence on: the positions
+    that repeat. None without one. An n-gram repeated k times in a row is a stretch of (k - 1) n positions j where
     tokens[j] == tokens[j + n]."""
     for n in range(1, max_n + 1):
         run = 0
         for j in range(len(tokens) - n):
             run = run + 1 if tokens[j] == tokens[j + n] else 0
             if run >= (times - 1) * n:
-                return True
-    return False
+                start = j - run + 1 + n
+                end = start
+                while end < len(tokens) and tokens[end] == tokens[end - n]:
+                    end += 1
+                return start, end
+    return None
+
+
+def repeats(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
+    """Whether `tokens` has a loop (loop_span)."""
+    return loop_span(tokens, times, max_n) is not None
 
 
 def length_profile(hypotheses, references, sources):

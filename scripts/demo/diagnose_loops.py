@@ -74,22 +74,6 @@ def beam_score(lprobs):
     return float(lprobs.sum()) / lprobs.numel() ** LENPEN
 
 
-def loop_span(pieces):
-    """(start, end) of the first stretch of `pieces` (BPE tokens) in which an n-gram (n <= 4) repeats 4 times in a
-    row, from its second occurrence on (the steps that repeat), or None."""
-    for n in range(1, attention_runs.LOOP_MAX_N + 1):
-        run = 0
-        for j in range(len(pieces) - n):
-            run = run + 1 if pieces[j] == pieces[j + n] else 0
-            if run >= (attention_runs.LOOP_TIMES - 1) * n:
-                start = j - run + 1 + n  # the first repeating position
-                end = start
-                while end < len(pieces) and pieces[end] == pieces[end - n]:
-                    end += 1
-                return start, end
-    return None
-
-
 def float64_check(model64, task, args, ids, looping, hyps32, texts32, detok):
     """(b) the looping sentences and the first --float64-sample others generated again in float64."""
     chosen = sorted(set(looping) | set([i for i in ids if i not in looping][:args.float64_sample]))
@@ -109,7 +93,7 @@ def error_case(model64, task, i, sources, refs, hyps32, text, raw_src, raw_ref):
     src, ref, hyp = sources[i], refs[i], hyps32[i]["tokens"]
     lp_ref, lp_hyp = teacher_forced(model64, src, ref), teacher_forced(model64, src, hyp)
     pieces = [task.target_dictionary[t] for t in hyp.tolist()]
-    span = loop_span(pieces)
+    span = attention_runs.loop_span(pieces)
     case = {"id": i, "source_words": len(raw_src[i].split()), "ref_tokens": ref.numel(),
             "hyp_tokens": hyp.numel(), "ref_logprob": float(lp_ref.sum()), "hyp_logprob": float(lp_hyp.sum()),
             "ref_beam_score": beam_score(lp_ref), "hyp_beam_score": beam_score(lp_hyp),

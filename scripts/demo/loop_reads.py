@@ -132,15 +132,21 @@ def read_stats(parts, start, end):
     return stats
 
 
-def analyse_reads(model, source, target, start, end):
-    """Per decoder layer: read_stats of the teacher-forced `target`, and the largest difference of the recomputed
-    read from the layer's own (a check of the recomputation)."""
-    store, handles = capture_inputs(model)
+def captured(model, capture, source, target):
+    """What the hooks of capture(model) -> (store, handles) keep while `target` is teacher-forced: the store."""
+    store, handles = capture(model)
     try:
         teacher_forced(model, source, target)
     finally:
         for handle in handles:
             handle.remove()
+    return store
+
+
+def analyse_reads(model, source, target, start, end):
+    """Per decoder layer: read_stats of the teacher-forced `target`, and the largest difference of the recomputed
+    read from the layer's own (a check of the recomputation)."""
+    store = captured(model, capture_inputs, source, target)
     layers = []
     for layer, entry in zip(model.decoder.layers, store):
         attn = layer.self_attn

@@ -145,6 +145,5 @@ def test_measure_lengths_adds_the_long_split_to_stored_records_once(tmp_path, mo
     ("x a b a b a b a b y".split(), (3, 9)),  # a bigram: from its second occurrence to the stretch's end
     ("a b c d".split(), None),
 ])
-def test_the_diagnosis_finds_where_a_loop_repeats(pieces, span):
-    import diagnose_loops
-    assert diagnose_loops.loop_span(pieces) == span
+def test_the_span_of_a_loop_is_where_it_repeats(pieces, span):
+    assert attention_runs.loop_span(pieces) == span

@@ -1,0 +1,160 @@
+"""How widely the decoder's cross-attention spreads over the source, on short and on long sources. For each run of a
+compare_attention results file, the first --messages references of the test split and of test_long are
+teacher-forced through its checkpoint (cast to float64), and each decoder layer's cross-attention weights are
+recomputed from the layer's projections and checked against the layer's own read:
+
+  fast weights   w_ts = phi(q_t) . phi(k_s) / (sum_s' phi(q_t) . phi(k_s') + Z_EPS), the sum rule's read of the source
+  softmax        w_ts = softmax_s(q_t . k_s / sqrt(d))
+
+  spread         exp(entropy of w_t), the number of source positions the read mixes as if evenly, over the source's
+                 length: 1 reads the whole source alike, 1 / S one position
+  top            the largest weight w_ts of a step
+
+Means over heads, steps and messages, per decoder layer, then over the seeds of a configuration.
+
+    python scripts/demo/cross_spread.py --work-dir compare_work/base \\
+        --results results/compare_attention/long_outputs/base_u2000.json --seeds 1 [--messages 200] [--out PREFIX]
+
+Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from diagnose_lengths import checkpoint_of
+from fw_fairseq.ops.common.z_column import Z_EPS
+from diagnose_loops import load
+from loop_reads import captured, heads
+
+SUBSETS = ("test", "test_long")
+
+
+def capture(model):
+    """Hooks keeping each decoder layer's cross-attention query [T, 1, C], source [S, 1, C] and read [T, 1, C]
+    where it leaves the attention (the output gate's input where the block has one, else the output projection's)."""
+    store, handles = [], []
+    for layer in model.decoder.layers:
+        attn, entry = layer.encoder_attn, {}
+        store.append(entry)
+        handles.append(attn.register_forward_pre_hook(
+            lambda module, args, kwargs, entry=entry: entry.update(
+                query=kwargs.get("query", args[0] if args else None),
+                key=kwargs.get("key", args[1] if len(args) > 1 else None)), with_kwargs=True))
+        gate = getattr(attn, "output_gate", None)
+        handles.append(gate.register_forward_pre_hook(lambda module, args, entry=entry: entry.update(read=args[1]))
+                       if gate is not None else attn.out_proj.register_forward_pre_hook(
+                           lambda module, args, entry=entry: entry.update(read=args[0])))
+    return store, handles
+
+
+def weights(attn, query, key):
+    """The layer's cross-attention weights [H, T, S] and values [H, S, D], float64."""
+    q, k, v = heads(attn, attn.q_proj(query)), heads(attn, attn.k_proj(key)), heads(attn, attn.v_proj(key))
+    if hasattr(attn, "block"):  # fast weights: the feature maps' dot products, normalised over the source
+        phi_q = attn.block.features(q[None], is_query=True)[0]  # [H, T, E]
+        phi_k = attn.block.features(k[None], is_query=False)[0]  # [H, S, E]
+        scores = torch.einsum("hte,hse->hts", phi_q, phi_k)
+        return scores / (scores.sum(-1, keepdim=True) + Z_EPS), v
+    return torch.softmax(torch.einsum("htd,hsd->hts", q * attn.scaling, k), dim=-1), v
+
+
+def spread_and_top(w):
+    """Per step of w [H, T, S]: exp(entropy) over S, and the largest weight, both [H, T]."""
+    entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)
+    return entropy.exp() / w.size(-1), w.amax(-1)
+
+
+def layer_stats(attn, entry):
+    """{"spread", "top", "check"} of one layer on one message: means over heads and steps, and the largest
+    difference of sum_s w_ts v_s from the layer's own read."""
+    with torch.no_grad():
+        w, v = weights(attn, entry["query"], entry["key"])
+        spread, top = spread_and_top(w)
+        read = torch.einsum("hts,hsd->htd", w, v)
+        return {"spread": float(spread.mean()), "top": float(top.mean()),
+                "check": float((read - heads(attn, entry["read"])).abs().max())}
+
+
+def message_stats(model, source, target):
+    """layer_stats of every decoder layer for one teacher-forced message."""
+    store = captured(model, capture, source, target)
+    return [layer_stats(layer.encoder_attn, entry) for layer, entry in zip(model.decoder.layers, store)]
+
+
+def run_stats(checkpoint, data, messages):
+    """{subset: [per layer {"spread", "top", "check"}]}: means over the first `messages` messages (the check: max)."""
+    out = {}
+    for subset in SUBSETS:
+        model, task = load(checkpoint, data, subset)
+        model = model.double()
+        dataset = task.dataset(subset)
+        per_message = [message_stats(model, dataset[i]["source"], dataset[i]["target"])
+                       for i in range(min(messages, len(dataset)))]
+        out[subset] = [{"spread": sum(m[k]["spread"] for m in per_message) / len(per_message),
+                        "top": sum(m[k]["top"] for m in per_message) / len(per_message),
+                        "check": max(m[k]["check"] for m in per_message)} for k in range(len(per_message[0]))]
+    return out
+
+
+def mean_of(runs, subset, layer, measure):
+    return sum(run["stats"][subset][layer][measure] for run in runs) / len(runs)
+
+
+def table(rows):
+    """Per configuration, means over its seeds: each layer's top weight, and the spread averaged over the layers,
+    on the test split · on test_long."""
+    layers = len(next(iter(rows.values()))[0]["stats"]["test"])
+    head = "".join(f" top weight, layer {k} |" for k in range(layers))
+    lines = [f"| configuration | seeds |{head} spread, mean of the layers |", "|---|---:|" + "---:|" * (layers + 1)]
+    for config, runs in rows.items():
+        tops = "".join(f" {mean_of(runs, 'test', k, 'top'):.3f} · {mean_of(runs, 'test_long', k, 'top'):.3f} |"
+                       for k in range(layers))
+        spread = {subset: sum(mean_of(runs, subset, k, "spread") for k in range(layers)) / layers
+                  for subset in SUBSETS}
+        lines.append(f"| {config} | {len(runs)} |{tops} {spread['test']:.3f} · {spread['test_long']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", type=Path, required=True, help="the compare_attention work dir of the preset")
+    parser.add_argument("--results", type=Path, required=True, help="a compare_attention results JSON")
+    parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
+    parser.add_argument("--messages", type=int, default=200, help="messages of each split (default 200)")
+    parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
+    args = parser.parse_args(argv)
+    if not args.results.is_file():
+        parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
+    if args.messages < 1:
+        parser.error(f"--messages {args.messages}: at least 1")
+    results = json.loads(args.results.read_text())
+    chosen = [run for run in results["runs"] if (args.configs is None or run["config"] in args.configs)
+              and (args.seeds is None or run["seed"] in args.seeds)]
+    if not chosen:
+        parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
+    missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
+    if missing:
+        parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
+    rows = {}
+    for run in chosen:
+        stats = run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin", args.messages)
+        rows.setdefault(run["config"], []).append({"seed": run["seed"], "stats": stats})
+        print(f"{run['config']} seed {run['seed']}: done", file=sys.stderr)
+    check = max(s["check"] for runs in rows.values() for run in runs for subset in SUBSETS for s in run["stats"][subset])
+    text = (f"Cross-attention top weight and spread, the test split · test_long (the first {args.messages} messages "
+            f"of each), means over the seeds; the weights' read agrees with the layers' own to {check:.1e}.\n\n"
+            f"{table(rows)}\n")
+    print(text)
+    if args.out:
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"benchmark": "cross_spread", "results": str(args.results), "messages": args.messages, "configs": rows},
+            indent=1))
+
+
+if __name__ == "__main__":
+    main()
