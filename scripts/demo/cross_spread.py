@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from diagnose_lengths import checkpoint_of
-from fw_fairseq.ops.common.z_column import Z_EPS
+from diagnose_lengths import checkpoint_of, runs_with_checkpoints
 from diagnose_loops import load
+from fw_fairseq.ops.common.z_column import Z_EPS
 from loop_reads import captured, heads
 
 SUBSETS = ("test", "test_long")
@@ -86,10 +86,11 @@ def message_stats(model, source, target):
 
 def run_stats(checkpoint, data, messages):
     """{subset: [per layer {"spread", "top", "check"}]}: means over the first `messages` messages (the check: max)."""
-    out = {}
+    model, task = load(checkpoint, data, SUBSETS[0])  # one model for both splits
+    for subset in SUBSETS[1:]:
+        task.load_dataset(subset)
+    model, out = model.double(), {}
     for subset in SUBSETS:
-        model, task = load(checkpoint, data, subset)
-        model = model.double()
         dataset = task.dataset(subset)
         per_message = [message_stats(model, dataset[i]["source"], dataset[i]["target"])
                        for i in range(min(messages, len(dataset)))]
@@ -132,15 +133,8 @@ def main(argv=None):
     if args.messages < 1:
         parser.error(f"--messages {args.messages}: at least 1")
     results = json.loads(args.results.read_text())
-    chosen = [run for run in results["runs"] if (args.configs is None or run["config"] in args.configs)
-              and (args.seeds is None or run["seed"] in args.seeds)]
-    if not chosen:
-        parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
-    missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
-    if missing:
-        parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
     rows = {}
-    for run in chosen:
+    for run in runs_with_checkpoints(parser, args, results):
         stats = run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin", args.messages)
         rows.setdefault(run["config"], []).append({"seed": run["seed"], "stats": stats})
         print(f"{run['config']} seed {run['seed']}: done", file=sys.stderr)

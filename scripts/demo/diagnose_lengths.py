@@ -75,6 +75,19 @@ def checkpoint_of(work_dir, run):
     return work_dir / "checkpoints" / name / "checkpoint_last.pt"
 
 
+def runs_with_checkpoints(parser, args, results):
+    """The runs of `results` that --configs and --seeds choose, in the file's order; stops with one line (through
+    `parser`) where none is chosen or a chosen run has no checkpoint in --work-dir."""
+    chosen = [run for run in results["runs"] if (args.configs is None or run["config"] in args.configs)
+              and (args.seeds is None or run["seed"] in args.seeds)]
+    if not chosen:
+        parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
+    missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
+    if missing:
+        parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
+    return chosen
+
+
 def run_row(run, work_dir, subset, search=False):
     """The numbers of one run: its BLEU decomposed (results file), its end-of-text measures (checkpoint) and, with
     `search`, its short translations."""
@@ -131,14 +144,7 @@ def main(argv=None):
     if not args.results.is_file():
         parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
     results = json.loads(args.results.read_text())
-    runs = results["runs"]
-    chosen = sorted((run for run in runs if (args.configs is None or run["config"] in args.configs)
-                     and (args.seeds is None or run["seed"] in args.seeds)), key=lambda run: run["seed"])
-    if not chosen:
-        parser.error(f"--configs {args.configs} --seeds {args.seeds}: no such run in {args.results}")
-    missing = [path for path in (checkpoint_of(args.work_dir, run) for run in chosen) if not path.is_file()]
-    if missing:
-        parser.error(f"--work-dir {args.work_dir}: no checkpoint {missing[0]} (the work dir that trained the runs)")
+    chosen = sorted(runs_with_checkpoints(parser, args, results), key=lambda run: run["seed"])
     rows = [run_row(run, args.work_dir, args.subset, args.search) for run in chosen]
     order = list(results["configs"])
     text = table(rows, args.subset, order)
