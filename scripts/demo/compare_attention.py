@@ -145,8 +145,7 @@ def merged(previous, results):
 def merged_jobs(previous, jobs):
     """Jobs at once of a results file's models: `previous` (a count, or a list of counts) with `jobs` (None: no
     more). One count stays a number."""
-    previous, jobs = (value if isinstance(value, list) else [value] if value else [] for value in (previous, jobs))
-    counts = sorted(set(previous) | set(jobs))
+    counts = sorted(set(compare_report.job_counts(previous)) | set(compare_report.job_counts(jobs)))
     return counts[0] if len(counts) == 1 else counts
 
 

@@ -106,8 +106,8 @@ def table(results):
     lines += by_seed(rows, seeds)
     lines += lengths(rows, seeds)
     lines += by_source_length(rows)
-    jobs = results["jobs"] if isinstance(results["jobs"], list) else [results["jobs"]]
-    lines.append(f"\nSeconds per update are wall time of training updates in this run ({' or '.join(map(str, jobs))} "
+    lines.append(f"\nSeconds per update are wall time of training updates in this run "
+                 f"({' or '.join(map(str, job_counts(results['jobs'])))} "
                  "at once): rows trained at different times on a shared machine do not compare.")
     lines.append("\nFlags of each configuration (beyond the preset's model and optimiser):\n")
     lines += [f"- `{name}`: `{' '.join(row['flags'])}`" for name, row in rows.items()]
@@ -217,6 +217,11 @@ def plot(results, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def job_counts(jobs):
+    """A results file's jobs at once (a count, or a list of counts where invocations differed) as a list."""
+    return jobs if isinstance(jobs, list) else [jobs] if jobs else []
 
 
 def write(stem, results):
