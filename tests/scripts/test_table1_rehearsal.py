@@ -1,9 +1,10 @@
-"""scripts/wmt14/table1.sh, rehearsed on the CPU: one row of each kind (softmax, FAVOR+ with the sum rule, DPFP with
-the delta rule, and that with softmax cross-attention), each with its own command line (the shared recipe and the config's flags) and tiny dims appended,
-on the fixture corpus prepared by prepare_wmt14_en_de.py, for one epoch each; then each row's best checkpoint scored
-on valid and test and the table rendered, through the real fairseq-train, fairseq-generate and sacrebleu. Re-running
-the same command trains and scores nothing again. The other rows differ from these only in their flags: the dry run
-below prints every row's commands, and test_configs.py builds every row's model from its flags."""
+"""scripts/wmt14/table1.sh, rehearsed on the CPU: one row of each kind (softmax, FAVOR+ with the sum rule, DPFP with the
+delta rule, and that with softmax cross-attention), each with its own command line (the shared recipe and the
+config's flags) and tiny dims appended, on the fixture corpus prepared by prepare_wmt14_en_de.py, for one epoch each;
+then each row's best checkpoint scored on valid and test and the table rendered, through the real fairseq-train,
+fairseq-generate and sacrebleu. Re-running the same command trains and scores nothing again. The other rows differ
+from these only in their flags: the dry run below prints every row's commands, and test_configs.py builds every row's
+model from its flags."""
 import shlex
 import subprocess
 
