@@ -18,9 +18,14 @@ from pathlib import Path
 import sacrebleu
 from sacremoses import MosesDetokenizer
 
-BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 BAR = 30  # characters of the progress bar
+
+
+def fairseq_cli(name):
+    """fairseq-`name` (train, generate) as a module of this interpreter: the console script's own entry point, also
+    where fairseq runs from its source tree without installed scripts (an offline GPU node, docs/gpu_node.md)."""
+    return [sys.executable, "-m", f"fairseq_cli.{name}"]
 
 
 class Progress:
@@ -63,7 +68,7 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     if a previous run was cut off), validating every `valid_every` updates. Returns the run's record:
     the valid-loss curve [(updates, loss)], the seconds per training update (without start-up,
     validation and checkpoints) and the checkpoint."""
-    args = [BIN / "fairseq-train", data, "--user-dir", REPO / "fw_fairseq", *flags,
+    args = [*fairseq_cli("train"), data, "--user-dir", REPO / "fw_fairseq", *flags,
             "--max-update", updates, "--validate-interval-updates", valid_every,
             # a log interval dividing the validation interval leaves intervals with nothing else in them
             "--log-format", "json", "--log-interval", max(1, min(10, valid_every // 2)),
@@ -119,7 +124,7 @@ LENPEN = 0.6  # fairseq-generate's --lenpen for every model (the WMT recipe's), 
 def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None, extra=()):
     """fairseq-generate (beam 4) on a split (torch threads: `threads`, else torch's default; `extra`: more
     fairseq-generate flags); returns the detokenised hypotheses in the split's order."""
-    args = [BIN / "fairseq-generate", data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
+    args = [*fairseq_cli("generate"), data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
             "--gen-subset", subset, "--beam", "4", "--lenpen", str(lenpen), "--batch-size", "64",
             "--required-batch-size-multiple", "1", "--remove-bpe",
             # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens

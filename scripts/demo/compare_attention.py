@@ -114,6 +114,8 @@ def main(argv=None):
         **({"training": "joined"} if args.train_joined else {}),
         "seeds": args.seeds, "jobs": args.jobs, "machine": platform.machine(),
         "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
+        # fairseq-train takes the GPU where there is one
+        **({"device": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}),
         "wall_minutes": round((time.time() - start) / 60, 1),
         "configs": {name: {"kind": CONFIGS[name][0], "flags": config_flags(args.preset, name)}
                     for name in args.configs},

@@ -85,7 +85,8 @@ def table(results):
     training = (", trained on the training split plus its pairs joined into long messages"
                 if results.get("training") == "joined" else "")
     lines = [f"{results['preset']} preset{training}, {results['updates']} updates, seeds {seeds}, "
-             f"{results['cpu_count']} threads, torch {results['torch']}",
+             f"{results['cpu_count']} threads, torch {results['torch']}"
+             + (f", on {results['device']}" if results.get("device") else ""),
              "", "| configuration | kind | seeds | BLEU | × softmax (same seeds, same --lr) | valid loss | s / update | "
              "× softmax time |", "|---|---|---|---:|---:|---:|---:|---:|"]
     ratios = {name: paired(row, reference(rows, row)) for name, row in rows.items()}

@@ -52,7 +52,8 @@ def gpu_check(*args):
 @pytest.mark.parametrize("part, steps", [
     ("kernels", ["environment", "install_kit", "build_extension", "warm_triton", "pytest_fused", "bench_fused",
                  "pytest_cuda", "memcheck", "racecheck", "build_fast_transformers", "bench_ops"]),
-    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "cuda_graph", "bench_fairseq"]),
+    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "cuda_graph", "bench_fairseq",
+                 "compare"]),
 ])
 def test_the_dry_run_plans_each_part(part, steps):
     proc = gpu_check("--dry-run", "--part", part)
@@ -90,6 +91,24 @@ def test_the_fairseq_benchmark_takes_more_arguments_from_the_check():
     assert "bench_fairseq_gpu.py" in command and command.endswith("--configs softmax dpfp2_sum_unfused --updates 150")
 
 
+def test_the_attention_comparison_runs_only_with_its_arguments(tmp_path):
+    """The compare step is compare_attention.py with --compare-args and results under --out; without them it is
+    skipped, not run with compare_attention.py's defaults (every configuration of the demo preset)."""
+    proc = gpu_check("--dry-run", "--part", "fairseq", "--only", "compare", "--out", str(tmp_path), "--compare-args",
+                     "--preset base --updates 2000 --configs softmax dpfp2-sum-vconv3")
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.splitlines()[-1]
+    assert "scripts/demo/compare_attention.py" in command and f"--out-dir {tmp_path / 'compare'}" in command
+    assert command.endswith("--preset base --updates 2000 --configs softmax dpfp2-sum-vconv3")
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / "MANIFEST.json").write_text("{}")
+    check = check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out")]))
+    check.run([step for step in check_script.STEPS if step.name == "compare"])
+    entry = json.loads((tmp_path / "out" / "check.json").read_text())["steps"][0]
+    assert entry["status"] == "skipped" and entry["tail"] == "no --compare-args given"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--part", "gpu"], "argument --part: invalid choice: 'gpu' (choose from 'all', 'kernels', 'fairseq')"),
     (["--budget-s", "3"], "argument --budget-s: must be more than 15 seconds"),
@@ -112,7 +131,8 @@ def test_a_run_records_every_step_within_its_budget(tmp_path):
     check = json.loads((out / "check.json").read_text())
     status = {s["name"]: s["status"] for s in check["steps"]}
     assert status == {"environment": "failed", "install_kit": "skipped", "build_fairseq": "skipped",
-                      "build_extension": "skipped", "cuda_graph": "skipped", "bench_fairseq": "skipped"}
+                      "build_extension": "skipped", "cuda_graph": "skipped", "bench_fairseq": "skipped",
+                      "compare": "skipped"}
     assert "torch sees no CUDA device" in check["steps"][0]["tail"]
     assert "out of budget" in check["steps"][1]["tail"]
     assert (out / "logs.txt").exists() and "| environment | failed |" in (out / "summary.md").read_text()

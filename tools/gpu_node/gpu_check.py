@@ -68,7 +68,12 @@ STEPS = [
          "captured in a CUDA graph replays as it runs eagerly; a compiled training layer on the kernels equals "
          "eager (needs fairseq: after build_fairseq)"),
     Step("bench_fairseq", ("fairseq",), 420, 90, "benchmarks/bench_fairseq_gpu.py: train and generate timing"),
+    Step("compare", ("fairseq",), 540, 120, "scripts/demo/compare_attention.py --compare-args on this GPU, from a "
+         "carried work directory (the catalogs' corpus is built where they are, docs/gpu_node.md)"),
 ]
+
+# why a step has no command here (Check.commands gives None)
+NO_COMMAND = {"pytest_fused": "no tests/ops/test_fused_read*.py here", "compare": "no --compare-args given"}
 
 
 class Check:
@@ -133,6 +138,8 @@ class Check:
             "bench_fairseq": [py, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out",
                               str(out / "bench_fairseq.json"), "--work", "/tmp/fw_bench_fairseq",
                               *shlex.split(self.args.bench_fairseq_args)],
+            "compare": ([py, str(REPO / "scripts" / "demo" / "compare_attention.py"), "--out-dir", str(out / "compare"),
+                         *shlex.split(self.args.compare_args)] if self.args.compare_args else None),
         }
 
     def stamps(self):
@@ -154,7 +161,7 @@ class Check:
             entry = {"name": step.name, "what": step.what, "command": shlex.join(commands[step.name] or [])}
             stamp, want = stamps.get(step.name, (None, None))
             if commands[step.name] is None:
-                entry.update(command="", status="skipped", seconds=0.0, tail="no tests/ops/test_fused_read*.py here")
+                entry.update(command="", status="skipped", seconds=0.0, tail=NO_COMMAND[step.name])
             elif stamp is not None and stamp.exists() and stamp.read_text() == want:
                 entry.update(status="cached", seconds=0.0, tail="already built from the same files on this machine")
             elif left < step.min_s:
@@ -281,6 +288,10 @@ def parse_args(argv=None):
     parser.add_argument("--bench-fairseq-args", default="", metavar="ARGS",
                         help="more arguments for the bench_fairseq step (benchmarks/bench_fairseq_gpu.py), one "
                         "quoted string, e.g. '--configs softmax dpfp2_sum dpfp2_sum_unfused --updates 150'")
+    parser.add_argument("--compare-args", default="", metavar="ARGS",
+                        help="arguments of the compare step (scripts/demo/compare_attention.py; none: no compare), "
+                        "one quoted string, e.g. '--preset base --updates 2000 --seeds 1 2 3 --configs softmax "
+                        "dpfp2-sum-vconv3 --jobs 6'")
     parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
     parser.add_argument("--environment-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
