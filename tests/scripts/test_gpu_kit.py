@@ -64,15 +64,25 @@ def test_the_dry_run_plans_each_part(part, steps):
     assert "tests/ops/test_fused_read" in proc.stdout or part == "fairseq"
 
 
-def test_a_step_with_nothing_to_run_is_recorded_as_skipped(tmp_path, monkeypatch):
-    """pytest_fused in a checkout without tests/ops/test_fused_read*.py: pytest given no file would run them all."""
+def check_of_an_empty_kit(tmp_path, *args):
+    """A Check of a kit whose MANIFEST.json lists nothing, recording under tmp_path/out."""
     kit = tmp_path / "kit"
     kit.mkdir()
     (kit / "MANIFEST.json").write_text("{}")
-    check = check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out")]))
+    return check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out"), *args]))
+
+
+def recorded_step(check, name):
+    """Runs the one step `name` of the check and returns what check.json recorded of it."""
+    check.run([step for step in check_script.STEPS if step.name == name])
+    return json.loads((check.out / "check.json").read_text())["steps"][0]
+
+
+def test_a_step_with_nothing_to_run_is_recorded_as_skipped(tmp_path, monkeypatch):
+    """pytest_fused in a checkout without tests/ops/test_fused_read*.py: pytest given no file would run them all."""
+    check = check_of_an_empty_kit(tmp_path)
     monkeypatch.setattr(check, "commands", lambda: {"pytest_fused": None})
-    check.run([step for step in check_script.STEPS if step.name == "pytest_fused"])
-    entry = json.loads((tmp_path / "out" / "check.json").read_text())["steps"][0]
+    entry = recorded_step(check, "pytest_fused")
     assert entry["status"] == "skipped" and entry["tail"] == "no tests/ops/test_fused_read*.py here"
 
 
@@ -100,12 +110,7 @@ def test_the_attention_comparison_runs_only_with_its_arguments(tmp_path):
     command = proc.stdout.splitlines()[-1]
     assert "scripts/demo/compare_attention.py" in command and f"--out-dir {tmp_path / 'compare'}" in command
     assert command.endswith("--preset base --updates 2000 --configs softmax dpfp2-sum-vconv3")
-    kit = tmp_path / "kit"
-    kit.mkdir()
-    (kit / "MANIFEST.json").write_text("{}")
-    check = check_script.Check(check_script.parse_args(["--kit", str(kit), "--out", str(tmp_path / "out")]))
-    check.run([step for step in check_script.STEPS if step.name == "compare"])
-    entry = json.loads((tmp_path / "out" / "check.json").read_text())["steps"][0]
+    entry = recorded_step(check_of_an_empty_kit(tmp_path), "compare")
     assert entry["status"] == "skipped" and entry["tail"] == "no --compare-args given"
 
 
