@@ -127,6 +127,12 @@ CONFIGS = {
     # (§4.1) favours, against the sum rule's average of a long source; it costs test BLEU (docs/long_outputs.md)
     "dpfp2-delta-cross-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-rule", "delta",
                                              "--fw-delta-norm", "l2", *CONV3]),
+    # the cross-attention's read weighted towards the source position aligned with the target's (--fw-cross-align P:
+    # cos^2P, P = 1 broad, 4 narrower): where a long source's read stops being an average (docs/long_outputs.md)
+    "dpfp2-sum-align1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "1", *CONV3]),
+    "dpfp2-sum-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3]),
+    "dpfp2-delta-dec-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                               "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

@@ -4,7 +4,8 @@ One module serves the three places of a Transformer; which one is fixed at const
 - encoder self-attention (non-causal): every position reads the memory written by all positions;
 - decoder self-attention (causal): position t reads W_t, the memory after writes 1..t;
 - encoder-decoder attention (non-causal): decoder queries read the memory written by the source,
-  which is built once per sentence and cached in `incremental_state` during generation.
+  which is built once per sentence and cached in `incremental_state` during generation; with --fw-cross-align its
+  features carry the target and source positions (cross_align.py).
 
 What the attention computes comes from two places of fw_fairseq.ops, never decided here:
 - the feature map phi, one FeatureMap object built by the ops' factory from the flags;
@@ -29,6 +30,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.modules.flag_table import GATE_BIAS_INIT
+from fw_fairseq.modules.cross_align import aligned_read, aligned_step
 from fw_fairseq.modules.encoder_conv import EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.decoding.block import Block
@@ -89,6 +91,7 @@ class FastWeightAttention(nn.Module):
         self.beta_max = config.beta_max
         self.beta_bias = config.beta_bias
         self.delta_norm = config.delta_norm  # the normalisation of phi where the rule has one
+        self.cross_align = config.cross_align if self.path == CROSS else 0  # --fw-cross-align
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(self.kdim, embed_dim)
@@ -236,7 +239,14 @@ class FastWeightAttention(nn.Module):
         with _without_autocast(query.device.type):
             q_heads = self._heads(q, heads)  # [B, H, T, D]
             writes = self._writes(projected, key_padding_mask, dtype, heads) if projected is not None else None
-            if cached:  # the source is written once, at the first step (writes None after it)
+            if self.cross_align and cached:
+                source = None if writes is None else (writes.keys.to(dtype), writes.v.to(dtype), writes.scalars)
+                o = aligned_step(buffer, self.block, self.cross_align, q_heads.to(dtype), source, key_padding_mask,
+                                 beam)
+            elif self.cross_align:
+                o = aligned_read(self.block, self.cross_align, q_heads.to(dtype), writes.keys.to(dtype),
+                                 writes.v.to(dtype), writes.scalars, key_padding_mask)
+            elif cached:  # the source is written once, at the first step (writes None after it)
                 o = source_step(buffer, self.block, q_heads, writes, key_padding_mask, beam)
             elif buffer is not None and self.path == CAUSAL:
                 o = self_attention_step(buffer, self.block, q_heads, *writes, key_padding_mask)

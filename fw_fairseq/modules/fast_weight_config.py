@@ -92,6 +92,7 @@ class FastWeightConfig:
     encoder_conv: int = 0  # --fw-encoder-conv's width, 0 for none
     t2r_features: int = 32  # --fw-t2r-features: T2R's K
     hedgehog_trainable: bool = False  # --fw-hedgehog-trainable
+    cross_align: int = 0  # --fw-cross-align's P, 0 for none
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":

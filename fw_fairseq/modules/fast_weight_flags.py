@@ -65,14 +65,15 @@ def cli_error(message: str) -> SystemExit:
     return SystemExit(f"{os.path.basename(sys.argv[0])}: error: {message}")
 
 
-def positive_int(flag: str):
+def int_at_least(flag: str, low: int):
+    """The parser of an integer flag whose values are `low` or more."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: an integer >= 1")
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: an integer >= {low}")
         return value
 
     return parse

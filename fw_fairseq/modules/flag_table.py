@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, FrozenSet, Mapping, Optional, Tuple
 
-from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, layer_rules, parse_beta_max,
-                                                  parse_encoder_conv, parse_output_gate, parse_places, parse_rule,
-                                                  parse_switch, places_set, positive_int)
+from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, int_at_least, layer_rules,
+                                                  parse_beta_max, parse_encoder_conv, parse_output_gate, parse_places,
+                                                  parse_rule, parse_switch, places_set)
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 FAMILIES = ("translation", "lm")
@@ -115,14 +115,14 @@ FLAGS = (
          dict(translation=1, lm=1), before=1, recorded=_uses_rule_with(lambda rule: "beta" in rule.scalars),
          unrecorded="1"),
     Flag("--fw-dpfp-nu", "dpfp_nu", "DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)",
-         dict(type=positive_int("--fw-dpfp-nu"), metavar="NU"), dict(translation=2, lm=2),
+         dict(type=int_at_least("--fw-dpfp-nu", 1), metavar="NU"), dict(translation=2, lm=2),
          recorded=lambda blocks: blocks.feature_map == "dpfp"),
     Flag("--fw-favor-features", "favor_features", "FAVOR+ random features m (d_dot = 2m)",
-         dict(type=positive_int("--fw-favor-features"), metavar="M"), dict(translation=128, lm=128),
+         dict(type=int_at_least("--fw-favor-features", 1), metavar="M"), dict(translation=128, lm=128),
          recorded=lambda blocks: blocks.feature_map == "favor"),
     # 32 features: T2R's choice for machine translation (Kasai et al. 2021, d_key 64); older args never used t2r
     Flag("--fw-t2r-features", "t2r_features", "T2R's learned features K per head (d_dot = K)",
-         dict(type=positive_int("--fw-t2r-features"), metavar="K"), dict(translation=32, lm=32), before=32,
+         dict(type=int_at_least("--fw-t2r-features", 1), metavar="K"), dict(translation=32, lm=32), before=32,
          recorded=lambda blocks: blocks.feature_map == "t2r", unrecorded="32"),
     Flag("--fw-hedgehog-trainable", "hedgehog_trainable", "hedgehog: a learned per-head d_key x d_key linear layer "
          "before the softmaxes, the identity at the start (Hedgehog's own map; for converted softmax models)",
@@ -146,6 +146,14 @@ FLAGS = (
          "its values to its read (beyond the paper; FLatten Transformer, Han et al. 2023): 0 (off, the paper) or an "
          "odd K >= 3 (default 3 for translation)", dict(type=parse_encoder_conv, metavar="K"),
          dict(translation=3, lm=0), before=0, recorded=lambda blocks: "encoder" in blocks.places, unrecorded="0"),
+    # A long source's read stops being an average: DPFP-2 with P = 4 over three seeds of the demo preset
+    # (results/compare_attention/long_outputs, docs/long_outputs.md#aligned-cross-attention)
+    Flag("--fw-cross-align", "cross_align", "the fast-weight cross-attention weighs each source position by "
+         "cos^(2P) of half its angle to the target position's (angles pi*position/source length; beyond the "
+         "paper): 0 (off, the paper) or P >= 1, narrower as P grows; its d_dot is (2P+1) times wider, and it "
+         "reads in PyTorch ops (not the fused GPU read or the CPU kernels)",
+         dict(type=int_at_least("--fw-cross-align", 0), metavar="P"), dict(translation=0, lm=0), before=0,
+         recorded=lambda blocks: "cross" in blocks.places, unrecorded="0"),
     Flag("--fw-attention", "places", "which attention blocks use fast weights: 'all', 'none' (the standard "
          "Transformer) or a comma-separated subset of encoder,decoder,cross; the others stay softmax attention",
          dict(type=parse_places, metavar="LIST"), dict(translation="encoder,decoder,cross", lm="decoder")),

@@ -1,0 +1,91 @@
+"""Aligned cross-attention (--fw-cross-align P): the fast-weight read of the source weighted towards the source
+position that the target position aligns with, as a kernel that stays a fast weight memory.
+
+Target position i and source position j (0-based, of a source of N tokens) get the angles a_i = pi min(i, N) / N
+and b_j = pi j / N, and the read of q_i weighs the write of k_j by phi(q_i) . phi(k_j) w(i, j) with
+    w(i, j) = cos^(2P)((a_i - b_j) / 2) in [0, 1]:
+1 on the diagonal, 0 between the first and the last position, narrower as P grows (P = 1: 1/2 at half a source
+apart; P = 4: 1/16). Because (2 cos(x / 2))^(2P) = sum_{k=-P..P} C(2P, P+k) e^(ikx), w is a sum of 2P + 1
+products of a function of i and one of j, so the weighted kernel is phi'(q_i) . phi'(k_j), features (2P + 1) times
+wider:
+phi'(x) = phi(x) (x) [sqrt(C(2P, P)), sqrt(2 C(2P, P+k)) cos(k a), sqrt(2 C(2P, P+k)) sin(k a) for k = 1..P] / 2^P,
+which keeps ||phi'(x)|| = ||phi(x)|| (the binomial weights sum to 4^P): an L2-normalised phi stays normalised for
+a delta rule over the source. A source is written once and read at every step as before.
+A target position past the source's length aligns with its last token (the end-of-sentence marker).
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from fw_fairseq.decoding.source_memory import hypothesis_rows, read_per_sentence, read_source, write_source
+
+
+def align_features(phi: Tensor, angle: Tensor, order: int) -> Tensor:
+    """phi [B, H, T, E] at positions of angles angle [B, T] -> phi' [B, H, T, E (2 order + 1)]."""
+    angle = angle[:, None, :, None].to(phi.dtype)  # [B, 1, T, 1]
+    # the binomial weights over 4^P: phi' . phi' is phi . phi times w exactly, w in [0, 1]
+    parts = [phi * math.sqrt(math.comb(2 * order, order) / 4 ** order)]
+    for k in range(1, order + 1):
+        scale = math.sqrt(2 * math.comb(2 * order, order + k) / 4 ** order)
+        parts += [phi * (scale * torch.cos(k * angle)), phi * (scale * torch.sin(k * angle))]
+    return torch.cat(parts, dim=-1)
+
+
+def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
+    """The source's tokens per sentence [B] (float): its unpadded positions."""
+    if key_padding_mask is None:
+        return torch.full((batch,), float(length), device=device, dtype=torch.float64)
+    return (~key_padding_mask.bool()).sum(1).to(torch.float64)
+
+
+def source_angles(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
+    """b_j = pi j / N of the source's positions [B, S]; fairseq pads a source on either side, so j counts the unpadded
+    positions before it (a padded position's angle is that of a neighbour; it writes nothing)."""
+    if key_padding_mask is None:
+        j = torch.arange(length, device=device, dtype=torch.float64).expand(batch, length)
+    else:
+        j = ((~key_padding_mask.bool()).cumsum(1) - 1).clamp(min=0).to(torch.float64)  # [B, S]
+    lengths = source_lengths(key_padding_mask, batch, length, device)
+    return math.pi * j / lengths[:, None]
+
+
+def target_angles(positions: Tensor, lengths: Tensor) -> Tensor:
+    """a_i = pi min(i, N) / N of target positions [B, T] (float) over source lengths [B] -> [B, T]."""
+    return math.pi * torch.minimum(positions, lengths[:, None]) / lengths[:, None]
+
+
+def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars, key_padding_mask: Optional[Tensor],
+                 first: int = 0) -> Tensor:
+    """Training and validation: queries q [B, H, T, d] at target positions first.. read the aligned source written
+    by keys, v [B, H, S, d] -> [B, H, T, D]."""
+    bsz, _, src_len, _ = keys.shape
+    lengths = source_lengths(key_padding_mask, bsz, src_len, q.device)
+    phi_k = align_features(block.features(keys, is_query=False),
+                           source_angles(key_padding_mask, bsz, src_len, q.device), order)
+    positions = torch.arange(first, first + q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)
+    phi_q = align_features(block.features(q, is_query=True), target_angles(positions, lengths), order)
+    return block.read_out(block.rule.attend(phi_q, phi_k, block.values(v, key_padding_mask), *scalars))
+
+
+def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding_mask: Optional[Tensor],
+                 beam: int) -> Tensor:
+    """Generation: the aligned source written once, at the first step, from `source` (keys, v [B / beam, H, S, d],
+    scalars), one row per sentence of `beam` hypotheses, and read by queries q [B, H, T, d] at the next T target
+    positions of each hypothesis. The buffer keeps each hypothesis's source length and position ([B], reordered
+    with the hypotheses)."""
+    if buffer.get("memory") is None:
+        keys, v, scalars = source
+        rows, _, src_len, _ = keys.shape
+        phi_k = align_features(block.features(keys, is_query=False),
+                               source_angles(key_padding_mask, rows, src_len, q.device), order)
+        memory = write_source(block.rule, phi_k, block.values(v, key_padding_mask), *scalars)
+        buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
+        lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
+        buffer["align_lengths"] = lengths.repeat_interleave(q.size(0) // rows)  # [B]
+        buffer["align_position"] = torch.zeros(q.size(0), device=q.device, dtype=torch.float64)  # [B]
+    positions = buffer["align_position"][:, None] + torch.arange(q.size(2), device=q.device)  # [B, T]
+    phi_q = align_features(block.features(q, is_query=True), target_angles(positions, buffer["align_lengths"]), order)
+    buffer["align_position"] = buffer["align_position"] + q.size(2)
+    return block.read_out(read_per_sentence(read_source, phi_q, buffer["memory"]))

@@ -1,0 +1,123 @@
+"""--fw-cross-align: the aligned cross-attention is the weighted read of its definition (float64, outputs and
+gradients), generation's steps and beam search's reorders equal the teacher-forced forward, and a checkpoint
+records the flag (its bad values: test_padding_and_options.py)."""
+import math
+
+import pytest
+import torch
+
+from factories import build_model, decode_step_by_step, random_tokens
+from fw_fairseq.decoding.block import Block
+from fw_fairseq.modules.cross_align import align_features, aligned_read, aligned_step
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
+from fw_fairseq.ops import RULES, feature_map
+from fw_fairseq.ops.common.z_column import Z_EPS
+
+FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum"]
+
+
+def naive_read(phi, q, k, v, mask, order):
+    """The definition, one query and one source position at a time: y_i = sum_j w_ij phi(q_i).phi(k_j) v_j over
+    sum_j w_ij phi(q_i).phi(k_j), w_ij = cos^(2P)((a_i - b_j) / 2), a_i = pi min(i, N) / N, b_j = pi j / N."""
+    rows = []
+    for b in range(q.size(0)):
+        length = int((~mask[b]).sum())
+        pad = mask.size(1) - length  # left padding
+        heads = []
+        for h in range(q.size(1)):
+            pq, pk = phi(q[b, h], is_query=True), phi(k[b, h], is_query=False)
+            reads = []
+            for i in range(q.size(2)):
+                a = math.pi * min(i, length) / length
+                w = torch.stack([torch.cos(torch.tensor((a - math.pi * j / length) / 2, dtype=q.dtype)) ** (2 * order)
+                                 for j in range(length)])
+                scores = (pk[pad:] @ pq[i]) * w  # [N]
+                reads.append(scores @ v[b, h, pad:] / (scores.sum() + Z_EPS))
+            heads.append(torch.stack(reads))
+        rows.append(torch.stack(heads))
+    return torch.stack(rows)
+
+
+@pytest.fixture
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    shape = (3, 2)
+    q = torch.randn(*shape, 7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(*shape, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(*shape, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1, :2], mask[2, :1] = True, True  # fairseq pads sources on the left
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("order", [1, 3])
+def test_aligned_read_is_the_weighted_read(inputs, order):
+    q, k, v, mask = inputs
+    phi = feature_map("dpfp", 8, nu=2)
+    block = Block.of(RULES["sum"], phi, "sum")
+    v_written = v.masked_fill(mask[:, None, :, None], 0.0)  # the module zeroes padded values
+    out = aligned_read(block, order, q, k, v_written, (), mask)
+    ref = naive_read(phi, q, k, v, mask, order)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_aligned_features_keep_the_norm():
+    """An L2-normalised phi (a delta rule's) stays normalised: the binomial weights sum to 4^P."""
+    phi = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    angle = torch.rand(2, 5, dtype=torch.float64) * math.pi
+    for order in (1, 4):
+        torch.testing.assert_close(align_features(phi, angle, order).norm(dim=-1), phi.norm(dim=-1))
+
+
+def test_steps_equal_the_read(inputs):
+    q, k, v, mask = (x.detach() for x in inputs)
+    block = Block.of(RULES["sum"], feature_map("dpfp", 8, nu=2), "sum")
+    v = v.masked_fill(mask[:, None, :, None], 0.0)
+    full = aligned_read(block, 2, q, k, v, (), mask)
+    buffer = {}
+    steps = [aligned_step(buffer, block, 2, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1)
+             for t in range(q.size(2))]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-12, atol=1e-12)
+
+
+# the short sources' cached form (keys' features and writes) and the memory's (source_memory.py); the sum rule and
+# the delta rule over the source
+@pytest.mark.parametrize("lengths,cross_rule", [([7, 3, 5], "sum"), ([20, 9, 14], "sum"), ([7, 3, 5], "delta")])
+def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_rule):
+    """Left-padded sources of different lengths, fairseq's beam layout, a reorder within sentences, then one that
+    mixes them: every step equals the forward over the whole prefix."""
+    model, d = build_model(FW + ["--fw-cross-align", "2", "--fw-cross-rule", cross_rule])
+    beam, longest = 2, max(lengths)
+    model.set_beam_size(beam)
+    g = torch.Generator().manual_seed(4)
+    src = torch.full((3, longest), d.pad())
+    for i, n in enumerate(lengths):
+        src[i, longest - n:] = random_tokens(d, 1, n, g)[0]
+    src, src_lengths = src.repeat_interleave(beam, dim=0), torch.tensor(lengths).repeat_interleave(beam)
+    prev = random_tokens(d, 3 * beam, 9, g)  # past the shortest source's length
+    state, order = {}, torch.arange(3 * beam)
+    encoder_out = model.encoder(src, src_lengths=src_lengths)
+    decode_step_by_step(model, prev[:, :4], encoder_out, state)
+    for t, new_order in [(4, torch.tensor([1, 0, 3, 2, 4, 5])), (5, torch.tensor([0, 2, 3, 1, 4, 5])),
+                         (6, None), (7, None), (8, None)]:
+        if new_order is not None:
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            order = order[new_order]
+        logits, _ = model.decoder(prev[order, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        full, _ = model(src[order], src_lengths[order], prev[order, : t + 1])
+        torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
+
+
+def test_recorded_where_the_cross_attention_has_fast_weights():
+    def settings(places, align):
+        return FastWeightConfig(feature_map="dpfp", update_rule="sum", dpfp_nu=2, favor_features=16,
+                                places=frozenset(places), cross_align=align).settings()
+    assert settings({"encoder", "decoder", "cross"}, 2)["--fw-cross-align"] == "2"
+    assert "--fw-cross-align" not in settings({"encoder", "decoder"}, 0)
+
