@@ -40,14 +40,14 @@ def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, 
     return (~key_padding_mask.bool()).sum(1).to(torch.float64)
 
 
-def source_angles(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
-    """b_j = pi j / N of the source's positions [B, S]; fairseq pads a source on either side, so j counts the unpadded
-    positions before it (a padded position's angle is that of a neighbour; it writes nothing)."""
+def source_angles(key_padding_mask: Optional[Tensor], lengths: Tensor, length: int) -> Tensor:
+    """b_j = pi j / N of the source's positions [B, S] (N: lengths [B], source_lengths); fairseq pads a source on
+    either side, so j counts the unpadded positions before it (a padded position's angle is that of a neighbour; it
+    writes nothing)."""
     if key_padding_mask is None:
-        j = torch.arange(length, device=device, dtype=torch.float64).expand(batch, length)
+        j = torch.arange(length, device=lengths.device, dtype=torch.float64).expand(lengths.size(0), length)
     else:
         j = ((~key_padding_mask.bool()).cumsum(1) - 1).clamp(min=0).to(torch.float64)  # [B, S]
-    lengths = source_lengths(key_padding_mask, batch, length, device)
     return math.pi * j / lengths[:, None]
 
 
@@ -56,15 +56,15 @@ def target_angles(positions: Tensor, lengths: Tensor) -> Tensor:
     return math.pi * torch.minimum(positions, lengths[:, None]) / lengths[:, None]
 
 
-def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars, key_padding_mask: Optional[Tensor],
-                 first: int = 0) -> Tensor:
-    """Training and validation: queries q [B, H, T, d] at target positions first.. read the aligned source written
-    by keys, v [B, H, S, d] -> [B, H, T, D]."""
+def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars,
+                 key_padding_mask: Optional[Tensor]) -> Tensor:
+    """Training and validation: queries q [B, H, T, d] at target positions 0..T-1 read the aligned source written by
+    keys, v [B, H, S, d] -> [B, H, T, D]."""
     bsz, _, src_len, _ = keys.shape
     lengths = source_lengths(key_padding_mask, bsz, src_len, q.device)
-    phi_k = align_features(block.features(keys, is_query=False),
-                           source_angles(key_padding_mask, bsz, src_len, q.device), order)
-    positions = torch.arange(first, first + q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)
+    phi_k = align_features(block.features(keys, is_query=False), source_angles(key_padding_mask, lengths, src_len),
+                           order)
+    positions = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)
     phi_q = align_features(block.features(q, is_query=True), target_angles(positions, lengths), order)
     return block.read_out(block.rule.attend(phi_q, phi_k, block.values(v, key_padding_mask), *scalars))
 
@@ -78,11 +78,11 @@ def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding
     if buffer.get("memory") is None:
         keys, v, scalars = source
         rows, _, src_len, _ = keys.shape
-        phi_k = align_features(block.features(keys, is_query=False),
-                               source_angles(key_padding_mask, rows, src_len, q.device), order)
+        lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
+        phi_k = align_features(block.features(keys, is_query=False), source_angles(key_padding_mask, lengths, src_len),
+                               order)
         memory = write_source(block.rule, phi_k, block.values(v, key_padding_mask), *scalars)
         buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
-        lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
         buffer["align_lengths"] = lengths.repeat_interleave(q.size(0) // rows)  # [B]
         buffer["align_position"] = torch.zeros(q.size(0), device=q.device, dtype=torch.float64)  # [B]
     positions = buffer["align_position"][:, None] + torch.arange(q.size(2), device=q.device)  # [B, T]
