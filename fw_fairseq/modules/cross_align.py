@@ -10,7 +10,9 @@ products of a function of i and one of j, so the weighted kernel is phi'(q_i) . 
 wider:
 phi'(x) = phi(x) (x) [sqrt(C(2P, P)), sqrt(2 C(2P, P+k)) cos(k a), sqrt(2 C(2P, P+k)) sin(k a) for k = 1..P] / 2^P,
 which keeps ||phi'(x)|| = ||phi(x)|| (the binomial weights sum to 4^P): an L2-normalised phi stays normalised for
-a delta rule over the source. A source is written once and read at every step as before.
+a delta rule over the source. A source is written once and read at every step as before. Training hands the
+factors to the rule's read (UpdateRule.attend's positions): its short order weighs the scores by w and never forms
+the wide phi'.
 A target position past the source's length aligns with its last token (the end-of-sentence marker).
 """
 import math
@@ -19,18 +21,24 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fw_fairseq.ops.common.positions import with_positions
 from fw_fairseq.decoding.source_memory import hypothesis_rows, read_per_sentence, read_source, write_source
 
 
-def align_features(phi: Tensor, angle: Tensor, order: int) -> Tensor:
-    """phi [B, H, T, E] at positions of angles angle [B, T] -> phi' [B, H, T, E (2 order + 1)]."""
-    angle = angle[:, None, :, None].to(phi.dtype)  # [B, 1, T, 1]
-    # the binomial weights over 4^P: phi' . phi' is phi . phi times w exactly, w in [0, 1]
-    parts = [phi * math.sqrt(math.comb(2 * order, order) / 4 ** order)]
+def align_factors(angle: Tensor, order: int) -> Tensor:
+    """The positional factors g of positions of angles angle [B, T] -> [B, T, 2 order + 1]: g(a) . g(b) = w, with
+    the binomial weights over 4^P, so that phi (x) g keeps the norm of phi."""
+    angle = angle[..., None]  # [B, T, 1]
+    parts = [torch.full_like(angle, math.sqrt(math.comb(2 * order, order) / 4 ** order))]
     for k in range(1, order + 1):
         scale = math.sqrt(2 * math.comb(2 * order, order + k) / 4 ** order)
-        parts += [phi * (scale * torch.cos(k * angle)), phi * (scale * torch.sin(k * angle))]
+        parts += [scale * torch.cos(k * angle), scale * torch.sin(k * angle)]
     return torch.cat(parts, dim=-1)
+
+
+def align_features(phi: Tensor, angle: Tensor, order: int) -> Tensor:
+    """phi [B, H, T, E] at positions of angles angle [B, T] -> phi' = phi (x) g [B, H, T, (2 order + 1) E]."""
+    return with_positions(phi, align_factors(angle, order))
 
 
 def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
@@ -62,11 +70,11 @@ def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars,
     keys, v [B, H, S, d] -> [B, H, T, D]."""
     bsz, _, src_len, _ = keys.shape
     lengths = source_lengths(key_padding_mask, bsz, src_len, q.device)
-    phi_k = align_features(block.features(keys, is_query=False), source_angles(key_padding_mask, lengths, src_len),
-                           order)
-    positions = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)
-    phi_q = align_features(block.features(q, is_query=True), target_angles(positions, lengths), order)
-    return block.read_out(block.rule.attend(phi_q, phi_k, block.values(v, key_padding_mask), *scalars))
+    target = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)  # [B, T]
+    factors = (align_factors(target_angles(target, lengths), order),
+               align_factors(source_angles(key_padding_mask, lengths, src_len), order))  # [B, T, R], [B, S, R]
+    return block.read_out(block.rule.attend(block.features(q, is_query=True), block.features(keys, is_query=False),
+                                            block.values(v, key_padding_mask), *scalars, positions=factors))
 
 
 def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding_mask: Optional[Tensor],

@@ -19,6 +19,7 @@ from fw_fairseq.ops.kernels import cuda_extension  # through the module: a test 
 from fw_fairseq.ops.kernels.cuda_ops import apply_kernel
 from fw_fairseq.ops.common.attend_function import attend_short
 from fw_fairseq.ops.common.guards import autocast_off, records, state_dtype
+from fw_fairseq.ops.common.positions import position_weight, with_positions
 from fw_fairseq.ops.common.read_order import short_order
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -50,7 +51,7 @@ def memory(rule, fn, k, v, scalars):
     return apply_kernel(rule, ext, k, k, v, *scalars, _kernel_state(k, k, v, None))[1]
 
 
-def attend(rule, fn, q, k, v, scalars):
+def attend(rule, fn, q, k, v, scalars, positions=None):
     """Non-causal attention through fast weights under `rule`: fast_weight_read(q, memory(k, v, scalars)).
 
     Same function, cheaper order where it exists: when Tq*T*(E+M) is below (Tq+T)*E*M (short sentences:
@@ -58,7 +59,12 @@ def attend(rule, fn, q, k, v, scalars):
     A rule takes it where autograd records nothing (generation, validation), and also with autograd where
     rule.short_with_grad (the sum rule, whose U is V; the delta rules' memory has the chunked form's
     hand-written backward). q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], scalars {name: [B, H, T]}
-    -> o [B, H, Tq, M]."""
+    -> o [B, H, Tq, M].
+
+    positions: None, or the positional factors (of q [B, Tq, R], of k [B, T, R]) of a kernel that carries the
+    positions (ops/common/positions.py): the memory order writes and reads features R times wider; the short
+    order weighs its scores by them, and hands the rule the wide keys only where its writes read the memory at
+    their key (rule.key_reads)."""
     _, k, v, scalar_list, _ = _check_causal(fn, k, k, v, scalars, None, names=("k", "k", "v"))
     _check_tensor(fn, "q", q, 4, "[B, H, Tq, E]")
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
@@ -69,11 +75,19 @@ def attend(rule, fn, q, k, v, scalars):
     q, k, v = (x.to(dtype) for x in (q, k, v))
     scalar_list = [x.to(dtype) for x in scalar_list]
     Tq, (T, E), M = q.shape[2], k.shape[2:], v.shape[-1]
-    if (rule.writes is not None and short_order(Tq, T, E, M)
+    R = 1 if positions is None else positions[0].size(-1)
+    if (rule.writes is not None and short_order(Tq, T, E, M, R)
             and (rule.short_with_grad or not records(q, k, v, *scalar_list))):
         dtype = state_dtype(dtype)
-        k = k.to(dtype)
-        return attend_short(q.to(dtype), k, rule.writes(k, v.to(dtype), *(x.to(dtype) for x in scalar_list)))
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        scalar_list = [x.to(dtype) for x in scalar_list]
+        if positions is None:
+            return attend_short(q, k, rule.writes(k, v, *scalar_list))
+        writing = with_positions(k, positions[1]) if rule.key_reads else k
+        u = rule.writes(writing, v, *scalar_list)
+        return attend_short(q, k, u, position_weight(*(x.to(dtype) for x in positions)))
+    if positions is not None:
+        q, k = with_positions(q, positions[0]), with_positions(k, positions[1])
     return fast_weight_read(q, memory(rule, fn, k, v, dict(zip(scalars, scalar_list))))
 
 

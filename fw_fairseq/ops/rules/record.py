@@ -93,7 +93,8 @@ class UpdateRule:
         fn = f"rule {self.name}"
         return dispatch.memory(self, fn, k, v, self.named(fn, scalars))
 
-    def attend(self, q, k, v, *scalars):
-        """Non-causal attention through the memory: q [B, H, Tq, E] reads write(k, v, *scalars) -> [B, H, Tq, M]."""
+    def attend(self, q, k, v, *scalars, positions=None):
+        """Non-causal attention through the memory: q [B, H, Tq, E] reads write(k, v, *scalars) -> [B, H, Tq, M];
+        positions: None or the positional factors of q and k ([B, Tq, R], [B, T, R]; dispatch.attend)."""
         fn = f"rule {self.name}"
-        return dispatch.attend(self, fn, q, k, v, self.named(fn, scalars))
+        return dispatch.attend(self, fn, q, k, v, self.named(fn, scalars), positions)

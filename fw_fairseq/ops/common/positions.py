@@ -1,0 +1,19 @@
+"""Reads whose kernel carries the positions: phi(q_i) . phi(k_j) times g(i) . h(j), with R positional factors g(i),
+h(j) per position (e.g. the aligned cross-attention's, fw_fairseq/modules/cross_align.py).
+
+That kernel is a plain dot product of wider features, phi(x) (x) g: the memory of a fast weight read is written
+over them, and (phi(q) (x) g(i)) . (phi(k) (x) h(j)) = (phi(q) . phi(k)) (g(i) . h(j)) lets the short order weigh
+its scores instead (dispatch.attend)."""
+import torch
+
+
+def with_positions(x, factors):
+    """x [B, H, T, E] (x) factors [B, T, R] -> [B, H, T, R E]: block r is x times factor r."""
+    B, H, T, E = x.shape
+    wide = factors[:, None, :, :, None].to(x.dtype) * x[:, :, :, None, :]  # [B, H, T, R, E]
+    return wide.reshape(B, H, T, -1)
+
+
+def position_weight(q_factors, k_factors):
+    """The positional weight g(i) . h(j) of queries' factors [B, Tq, R] and keys' [B, T, R] -> [B, 1, Tq, T]."""
+    return (q_factors @ k_factors.transpose(-1, -2))[:, None]
