@@ -13,7 +13,9 @@ The cached source takes one of two forms, whichever a step reads fewer values of
   sequential writes). Padded positions have zero value rows and their scalars at the rule's pad values:
   u_s = 0, they write nothing in either form. A rule without that form keeps the memory.
 The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
-Rows are dim 0 of both forms, so the beam functions below serve both unchanged.
+Rows are dim 0 of both forms, so the beam functions below serve both unchanged. A read whose kernel carries the
+positions (ops/common/positions.py) caches its keys' positional factors beside them, or the memory of the wider
+features (write_positioned_source, read_positioned_source).
 """
 from typing import Optional, Tuple
 
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fw_fairseq.ops import fast_weight_read
+from fw_fairseq.ops.common.positions import with_positions
 
 
 def source_fits(length: int, d_phi: int, width: int) -> bool:
@@ -45,6 +48,31 @@ def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
     phi_k, u = source.split([d_phi, source.size(-1) - d_phi], dim=-1)  # [R, H, S, E], [R, H, S, M]
     dtype = torch.promote_types(phi_q.dtype, source.dtype)
     return (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) @ u  # [R, H, T, S] @ [R, H, S, M]
+
+
+def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:
+    """The cached source of a read whose kernel carries the positions (ops/common/positions.py; the keys' factors
+    [B, S, R]): [B, H, S, E + R + M], phi(k), its factors and the rule's effective writes side by side, when a step
+    reads fewer values so than the memory of the R times wider features [B, H, E R, M], which it is otherwise."""
+    (bsz, heads, length, d_phi), width, rank = phi_k.shape, v.size(-1), factors.size(-1)
+    wide = with_positions(phi_k, factors)  # [B, H, S, R E]
+    if rule.writes is None or length * (d_phi + rank + width) >= d_phi * rank * width:
+        return rule.write(wide, v, *scalars)
+    u = rule.writes(wide if rule.key_reads else phi_k, v, *scalars)  # [B, H, S, M]
+    return torch.cat([phi_k, factors[:, None].expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
+
+
+def read_positioned_source(rank: int, query: Tensor, source: Tensor) -> Tensor:
+    """query [R, H, T, E + rank] (phi(q) and its positional factors side by side) reads a cached source of
+    write_positioned_source, of either form -> [R, H, T, M]: (phi(q) . phi(k)) (g . h) over the writes."""
+    d_phi = query.size(-1) - rank
+    phi_q, g = query.split([d_phi, rank], dim=-1)  # [R, H, T, E], [R, H, T, rank]
+    if source.size(2) >= d_phi * rank:  # the cache form exists only for S < E rank M / (E + rank + M) < E rank
+        return fast_weight_read(with_positions(phi_q, g), source)
+    phi_k, h, u = source.split([d_phi, rank, source.size(-1) - d_phi - rank], dim=-1)
+    dtype = torch.promote_types(phi_q.dtype, source.dtype)
+    scores = (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) * (g.to(dtype) @ h.transpose(-1, -2))  # [R, H, T, S]
+    return scores @ u
 
 
 def source_beam(key: Tensor, key_padding_mask: Optional[Tensor], beam: int) -> int:

@@ -12,17 +12,18 @@ phi'(x) = phi(x) (x) [sqrt(C(2P, P)), sqrt(2 C(2P, P+k)) cos(k a), sqrt(2 C(2P, 
 which keeps ||phi'(x)|| = ||phi(x)|| (the binomial weights sum to 4^P): an L2-normalised phi stays normalised for
 a delta rule over the source. A source is written once and read at every step as before. Training hands the
 factors to the rule's read (UpdateRule.attend's positions): its short order weighs the scores by w and never forms
-the wide phi'.
+the wide phi'; generation caches the source's factors beside its keys, or the memory of phi' (source_memory.py).
 A target position past the source's length aligns with its last token (the end-of-sentence marker).
 """
 import math
+from functools import partial
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from fw_fairseq.ops.common.positions import with_positions
-from fw_fairseq.decoding.source_memory import hypothesis_rows, read_per_sentence, read_source, write_source
+from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_positioned_source,
+                                                write_positioned_source)
 
 
 def align_factors(angle: Tensor, order: int) -> Tensor:
@@ -34,11 +35,6 @@ def align_factors(angle: Tensor, order: int) -> Tensor:
         scale = math.sqrt(2 * math.comb(2 * order, order + k) / 4 ** order)
         parts += [scale * torch.cos(k * angle), scale * torch.sin(k * angle)]
     return torch.cat(parts, dim=-1)
-
-
-def align_features(phi: Tensor, angle: Tensor, order: int) -> Tensor:
-    """phi [B, H, T, E] at positions of angles angle [B, T] -> phi' = phi (x) g [B, H, T, (2 order + 1) E]."""
-    return with_positions(phi, align_factors(angle, order))
 
 
 def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
@@ -87,13 +83,16 @@ def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding
         keys, v, scalars = source
         rows, _, src_len, _ = keys.shape
         lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
-        phi_k = align_features(block.features(keys, is_query=False), source_angles(key_padding_mask, lengths, src_len),
-                               order)
-        memory = write_source(block.rule, phi_k, block.values(v, key_padding_mask), *scalars)
+        factors = align_factors(source_angles(key_padding_mask, lengths, src_len), order)  # [B / beam, S, R]
+        memory = write_positioned_source(block.rule, block.features(keys, is_query=False), factors,
+                                         block.values(v, key_padding_mask), *scalars)
         buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
         buffer["align_lengths"] = lengths.repeat_interleave(q.size(0) // rows)  # [B]
         buffer["align_position"] = torch.zeros(q.size(0), device=q.device, dtype=torch.float64)  # [B]
     positions = buffer["align_position"][:, None] + torch.arange(q.size(2), device=q.device)  # [B, T]
-    phi_q = align_features(block.features(q, is_query=True), target_angles(positions, buffer["align_lengths"]), order)
     buffer["align_position"] = buffer["align_position"] + q.size(2)
-    return block.read_out(read_per_sentence(read_source, phi_q, buffer["memory"]))
+    phi_q = block.features(q, is_query=True)  # [B, H, T, E]
+    factors = align_factors(target_angles(positions, buffer["align_lengths"]), order)  # [B, T, R]
+    query = torch.cat([phi_q, factors[:, None].expand(-1, q.size(1), -1, -1).to(phi_q.dtype)], dim=-1)
+    return block.read_out(read_per_sentence(partial(read_positioned_source, factors.size(-1)), query,
+                                            buffer["memory"]))

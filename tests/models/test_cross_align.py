@@ -8,9 +8,10 @@ import torch
 
 from factories import build_model, decode_step_by_step, random_tokens
 from fw_fairseq.decoding.block import Block
-from fw_fairseq.modules.cross_align import align_features, aligned_read, aligned_step
+from fw_fairseq.modules.cross_align import align_factors, aligned_read, aligned_step
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.ops import RULES, feature_map
+from fw_fairseq.ops.common.positions import with_positions
 from fw_fairseq.ops.common.z_column import Z_EPS
 
 FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum"]
@@ -66,12 +67,16 @@ def test_aligned_read_is_the_weighted_read(inputs, order):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
-def test_aligned_features_keep_the_norm():
-    """An L2-normalised phi (a delta rule's) stays normalised: the binomial weights sum to 4^P."""
+def test_aligned_features_keep_the_norm_and_weigh_by_the_window():
+    """An L2-normalised phi (a delta rule's) stays normalised: the binomial weights sum to 4^P; and the factors'
+    product is the window cos^(2P)((a - b) / 2)."""
     phi = torch.randn(2, 3, 5, 8, dtype=torch.float64)
     angle = torch.rand(2, 5, dtype=torch.float64) * math.pi
     for order in (1, 4):
-        torch.testing.assert_close(align_features(phi, angle, order).norm(dim=-1), phi.norm(dim=-1))
+        factors = align_factors(angle, order)  # [2, 5, 2 order + 1]
+        torch.testing.assert_close(with_positions(phi, factors).norm(dim=-1), phi.norm(dim=-1))
+        window = torch.cos((angle[:, :, None] - angle[:, None, :]) / 2) ** (2 * order)
+        torch.testing.assert_close(factors @ factors.transpose(-1, -2), window)
 
 
 def test_steps_equal_the_read(inputs):
@@ -85,9 +90,10 @@ def test_steps_equal_the_read(inputs):
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-12, atol=1e-12)
 
 
-# the short sources' cached form (keys' features and writes) and the memory's (source_memory.py); the sum rule and
-# the delta rule over the source
-@pytest.mark.parametrize("lengths,cross_rule", [([7, 3, 5], "sum"), ([20, 9, 14], "sum"), ([7, 3, 5], "delta")])
+# the short sources' cached form (keys' features, their factors and writes) and the memory's (source_memory.py:
+# from S (E + R + M) >= E R M, S >= 61-64 here); the sum rule and the delta rule over the source
+@pytest.mark.parametrize("lengths,cross_rule", [([7, 3, 5], "sum"), ([70, 9, 33], "sum"), ([7, 3, 5], "delta"),
+                                                ([70, 9, 33], "delta")])
 def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_rule):
     """Left-padded sources of different lengths, fairseq's beam layout, a reorder within sentences, then one that
     mixes them: every step equals the forward over the whole prefix."""

@@ -8,9 +8,11 @@ import torch
 
 
 def with_positions(x, factors):
-    """x [B, H, T, E] (x) factors [B, T, R] -> [B, H, T, R E]: block r is x times factor r."""
+    """x [B, H, T, E] (x) factors [B, T, R] (or per head, [B, H, T, R]) -> [B, H, T, R E]: block r is x times
+    factor r."""
     B, H, T, E = x.shape
-    wide = factors[:, None, :, :, None].to(x.dtype) * x[:, :, :, None, :]  # [B, H, T, R, E]
+    factors = factors[:, None] if factors.dim() == 3 else factors  # [B, 1 or H, T, R]
+    wide = factors[..., None].to(x.dtype) * x[:, :, :, None, :]  # [B, H, T, R, E]
     return wide.reshape(B, H, T, -1)
 
 
