@@ -85,6 +85,7 @@ def test_the_configurations_are_the_shipped_ones_and_table_1s():
     rows = CONFIGS
     assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == rows["dpfp2-sum-vconv3"][1]
     assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == rows["dpfp2-delta-dec-vconv3"][1]
+    assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4"] == rows["dpfp2-delta-dec-align4-vconv3"][1]
     assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2",
                                                 "--fw-encoder-conv", "0"]
 
