@@ -29,7 +29,7 @@ def test_all_table1_cells_have_a_config():
     cells = {recipe(name)[:2] for name in CONFIGS}
     assert cells >= {("Standard", 64), ("Linear", 64), ("Performer", 64), ("Performer", 256),
                      ("Performer", 512), ("DPFP", 256), ("DPFP", 512), ("DPFP + delta", 256), ("DPFP + delta", 512),
-                     ("DPFP + delta, softmax cross-attention", 256)}
+                     ("DPFP + delta, softmax cross-attention", 256), ("DPFP + delta, aligned cross-attention", 256)}
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -3,7 +3,7 @@ device: no memory, no training), has the paper's settings for its row: the featu
 each block and its normalisation, FAVOR+'s redraw, no encoder convolution and no output gate (neither is in the
 paper), the big Transformer's dims and dropout, and the batch recipe. Removing any pin of a config fails here.
 The delta rows are beyond the paper (it reports no MT number for the delta rule): their settings are the shipped
-delta configuration's, checked the same way; one of them keeps softmax cross-attention."""
+delta configuration's, checked the same way; one of them keeps softmax cross-attention, one aligns it."""
 import subprocess
 from types import SimpleNamespace
 
@@ -28,8 +28,10 @@ PAPER = {
     "dpfp_nu2": (Dpfp, 2, "sum"), "dpfp_nu4": (Dpfp, 4, "sum"),
     "dpfp_nu2_delta": (Dpfp, 2, "delta"), "dpfp_nu4_delta": (Dpfp, 4, "delta"),  # beyond the paper
     "dpfp_nu2_delta_softcross": (Dpfp, 2, "delta"),  # beyond the paper, and its cross-attention is softmax
+    "dpfp_nu2_delta_align4": (Dpfp, 2, "delta"),  # beyond the paper, and its cross-attention is aligned
 }
 SOFTMAX_CROSS = {"dpfp_nu2_delta_softcross"}
+ALIGNED_CROSS = {"dpfp_nu2_delta_align4": 4}  # --fw-cross-align
 # Vaswani et al.'s big Transformer as the paper trains it (configs/wmt14_en_de/common.sh)
 BIG = dict(encoder_embed_dim=1024, decoder_embed_dim=1024, encoder_ffn_embed_dim=4096, decoder_ffn_embed_dim=4096,
            encoder_attention_heads=16, decoder_attention_heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3,
@@ -67,7 +69,8 @@ def test_config_has_the_papers_settings(name):
     # spelled out, not left to the architecture's defaults: a later default must not change a Table 1 row
     pins = {"--fw-feature-map", "--fw-encoder-conv"} | ({"--fw-favor-redraw"} if kind is FavorPlus else set()) | (
         {"--fw-delta-norm", "--fw-decoder-rule"} if decoder_rule == "delta" else set()) | (
-        {"--fw-attention"} if name in SOFTMAX_CROSS else set())
+        {"--fw-attention"} if name in SOFTMAX_CROSS else set()) | (
+        {"--fw-cross-align"} if name in ALIGNED_CROSS else set())
     assert pins <= set(args), f"{name} leaves {sorted(pins - set(args))} to the defaults"
     paths = {"encoder", "causal"} | (set() if name in SOFTMAX_CROSS else {"cross"})
     assert {block.path for block in fast} == paths and len(fast) == 6 * len(paths)  # 6 blocks of each kind
@@ -76,6 +79,7 @@ def test_config_has_the_papers_settings(name):
         assert size is None or size == (block.phi.nu if kind is Dpfp else block.phi.num_features)
         assert block.update_rule == (decoder_rule if block.path == "causal" else "sum")
         assert block.encoder_conv is None and block.output_gate is None  # not in the paper
+        assert block.cross_align == (ALIGNED_CROSS.get(name, 0) if block.path == "cross" else 0)
         if kind is FavorPlus:
             assert not block.phi.fixed  # a new draw of R every training batch, as the paper
         if block.rule.normalised_phi:
