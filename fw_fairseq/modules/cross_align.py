@@ -12,8 +12,9 @@ phi'(x) = phi(x) (x) [sqrt(C(2P, P)), sqrt(2 C(2P, P+k)) cos(k a), sqrt(2 C(2P, 
 which keeps ||phi'(x)|| = ||phi(x)|| (the binomial weights sum to 4^P): an L2-normalised phi stays normalised for
 a delta rule over the source. A source is written once and read at every step as before. Training hands the
 factors to the rule's read (UpdateRule.attend's positions): its short order weighs the scores by w and never forms
-the wide phi'; generation caches the source's factors beside its keys, or the memory of phi' (source_memory.py).
-A target position past the source's length aligns with its last token (the end-of-sentence marker).
+the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches
+the source's factors beside its keys, or the memory of phi' (source_memory.py). A target position past the
+source's length aligns with its last token (the end-of-sentence marker).
 """
 import math
 from functools import partial
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_positioned_source,
                                                 write_positioned_source)
+from fw_fairseq.ops.fused_read.dispatch import fused_aligned_read_for
 
 
 def align_factors(angle: Tensor, order: int) -> Tensor:
@@ -61,14 +63,19 @@ def target_angles(positions: Tensor, lengths: Tensor) -> Tensor:
 
 
 def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars,
-                 key_padding_mask: Optional[Tensor]) -> Tensor:
+                 key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
     """Training and validation: queries q [B, H, T, d] at target positions 0..T-1 read the aligned source written by
-    keys, v [B, H, S, d] -> [B, H, T, D]."""
+    keys, v [B, H, S, d] -> [B, H, T, D]. The heads are raw, half where the fused GPU read may take them
+    (fused_read/dispatch.py: it weighs the scores on chip); every other path computes in dtype."""
     bsz, _, src_len, _ = keys.shape
     lengths = source_lengths(key_padding_mask, bsz, src_len, q.device)
     target = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)  # [B, T]
-    factors = (align_factors(target_angles(target, lengths), order),
-               align_factors(source_angles(key_padding_mask, lengths, src_len), order))  # [B, T, R], [B, S, R]
+    angles = (target_angles(target, lengths), source_angles(key_padding_mask, lengths, src_len))  # [B, T], [B, S]
+    o = fused_aligned_read_for(block.phi, block.rule, order, angles, q, keys, v, key_padding_mask)
+    if o is not None:
+        return o
+    q, keys, v = (x.to(dtype) for x in (q, keys, v))
+    factors = tuple(align_factors(angle, order) for angle in angles)  # [B, T, R], [B, S, R]
     return block.read_out(block.rule.attend(block.features(q, is_query=True), block.features(keys, is_query=False),
                                             block.values(v, key_padding_mask), *scalars, positions=factors))
 

@@ -244,8 +244,8 @@ class FastWeightAttention(nn.Module):
                 o = aligned_step(buffer, self.block, self.cross_align, q_heads.to(dtype), source, key_padding_mask,
                                  beam)
             elif self.cross_align:
-                o = aligned_read(self.block, self.cross_align, q_heads.to(dtype), writes.keys.to(dtype),
-                                 writes.v.to(dtype), writes.scalars, key_padding_mask)
+                o = aligned_read(self.block, self.cross_align, q_heads, writes.keys, writes.v, writes.scalars,
+                                 key_padding_mask, dtype)
             elif cached:  # the source is written once, at the first step (writes None after it)
                 o = source_step(buffer, self.block, q_heads, writes, key_padding_mask, beam)
             elif buffer is not None and self.path == CAUSAL:

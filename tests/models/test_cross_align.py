@@ -57,7 +57,7 @@ def test_aligned_read_is_the_weighted_read(inputs, order):
     phi = feature_map("dpfp", 8, nu=2)
     block = Block.of(RULES["sum"], phi, "sum")
     v_written = v.masked_fill(mask[:, None, :, None], 0.0)  # the module zeroes padded values
-    out = aligned_read(block, order, q, k, v_written, (), mask)
+    out = aligned_read(block, order, q, k, v_written, (), mask, torch.float64)
     ref = naive_read(phi, q, k, v, mask, order)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
@@ -83,7 +83,7 @@ def test_steps_equal_the_read(inputs):
     q, k, v, mask = (x.detach() for x in inputs)
     block = Block.of(RULES["sum"], feature_map("dpfp", 8, nu=2), "sum")
     v = v.masked_fill(mask[:, None, :, None], 0.0)
-    full = aligned_read(block, 2, q, k, v, (), mask)
+    full = aligned_read(block, 2, q, k, v, (), mask, torch.float64)
     buffer = {}
     steps = [aligned_step(buffer, block, 2, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1)
              for t in range(q.size(2))]

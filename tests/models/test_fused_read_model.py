@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from factories import build_model, random_tokens  # noqa: E402
+from fw_fairseq.modules import cross_align  # noqa: E402
 from fw_fairseq.ops.fused_read import dispatch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -19,6 +20,7 @@ ONE_LAYER = ["--encoder-layers", "1", "--decoder-layers", "1"]
 CONFIGS = {
     "dpfp2_sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"],
     "dpfp2_delta_decoder": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-decoder-rule", "delta"],
+    "dpfp2_sum_align4": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-cross-align", "4"],
 }
 
 
@@ -51,8 +53,15 @@ def test_model_through_the_fused_read_equals_its_other_path(config, monkeypatch)
     torch.manual_seed(1)
     expected, expected_grads = loss_and_grads(model, src, lengths, prev)
     calls = []
-    original = dispatch.read
+    original, aligned = dispatch.read, cross_align.fused_aligned_read_for
     monkeypatch.setattr(dispatch, "read", lambda *args: calls.append(args[1].name) or original(*args))
+
+    def aligned_taken(*args):  # the aligned cross-attention's own entry, counted where it takes the block
+        o = aligned(*args)
+        calls.extend([args[1].name] if o is not None else [])
+        return o
+
+    monkeypatch.setattr(cross_align, "fused_aligned_read_for", aligned_taken)
     monkeypatch.setattr(dispatch, "DEVICES", ("cuda", "cpu"))
     torch.manual_seed(1)  # FAVOR+ redraws R at every training forward: the same draw for both paths
     got, grads = loss_and_grads(model, src, lengths, prev)

@@ -40,3 +40,15 @@ def assert_parity(got, want, what):
         return
     error = rel_err(got, want)
     assert error <= FP32_BOUND, f"{what}: max |got - ref| / max |ref| = {error:.2e} > {FP32_BOUND:g}"
+
+
+def assert_read_parity(out, ref, wrt, ref_wrt, names=("q", "k", "v", "beta", "alpha")):
+    """A read out (the kernel's, of the leaves wrt) against ref (float64, of ref_wrt): the outputs, then the leaves'
+    gradients under one random upstream gradient, each named."""
+    grad = torch.randn_like(ref)
+    expected = torch.autograd.grad(ref, ref_wrt, grad)
+    got = torch.autograd.grad(out, wrt, grad.to(out.dtype))
+    assert out.shape == ref.shape
+    assert_parity(out, ref, "out")
+    for which, a, b in zip(names, got, expected):
+        assert_parity(a, b, f"d{which}")

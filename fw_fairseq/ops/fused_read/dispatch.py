@@ -17,6 +17,9 @@ against the path it replaces):
   here the state form costs T E M against the fused read's T^2 E, so the crossing comes early (T = 58 interpolated)
   and the entry is 32, for phi up to E = 256.
 - cross: not measured apart; the same non-causal kernels as the encoder's, so the encoder's entry.
+- aligned (the aligned cross-attention, --fw-cross-align; fused_aligned_read_for): not measured on a GPU. The path it
+  replaces is the short order in PyTorch ops, not the state form (whose features are 2P + 1 times wider): the same
+  Tq T E products, with phi and the scores in memory. So the entry is the kernels' own limit, launch.MAX_T.
 bench_fused_read_gpu.py prints both paths side by side for the GPU at hand; an entry moves where it measures them.
 """
 import torch
@@ -25,8 +28,9 @@ from fw_fairseq.ops.maps.normalize_function import PHI_NORMS
 from fw_fairseq.ops.fused_read.available import kernels
 
 DEVICES = ("cuda",)
-MODES = ("causal", "encoder", "cross")
-CROSSOVER = {"causal": (512, 128), "encoder": (256, 32), "cross": (256, 32)}  # mode -> (widest E, longest T)
+MODES = ("causal", "encoder", "cross", "aligned")
+# mode -> (widest E, longest T)
+CROSSOVER = {"causal": (512, 128), "encoder": (256, 32), "cross": (256, 32), "aligned": (256, 256)}
 
 
 def takes(q):
@@ -55,6 +59,23 @@ def fused_read_for(phi, rule, q, k, v, scalars, causal, norm, key_padding_mask):
     if spec.E > min(widest, launch.MAX_E) or max(Tq, T) > longest:
         return None
     return read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask)
+
+
+def fused_aligned_read_for(phi, rule, order, angles, q, k, v, key_padding_mask):
+    """The aligned cross-attention's fused read o [B, H, Tq, M] (the rule's fused_aligned: the scores weighed by
+    cos^(2 order)((a_i - b_j) / 2) of angles (a [B, Tq], b [B, T])) where it takes this block, else None."""
+    if rule.fused_aligned is None or not takes(q):
+        return None
+    launch = kernels()
+    spec = launch.map_spec(phi)
+    if spec is None or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    widest, longest = CROSSOVER["aligned"]
+    if spec.E > min(widest, launch.MAX_E) or max(q.shape[2], k.shape[2]) > longest:
+        return None
+    launch.check_heads("fused_read", q, k, v, {}, False)
+    q, k, v = (launch.rowwise(x) for x in (q, k, v))
+    return rule.fused_aligned(spec, q, k, v, order, angles, key_padding_mask)
 
 
 def read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask):

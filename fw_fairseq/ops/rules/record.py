@@ -60,6 +60,9 @@ class UpdateRule:
     kernel_memory: bool = False  # whether the memory runs the causal kernel on CUDA (else `memory` is faster)
     kernel_scalars: Optional[Callable] = None  # (*scalars) -> (beta, alpha) of the CPU decoding kernels, or None
     fused: Optional[Callable] = None  # its fused GPU read from raw heads (rules/<rule>/fused.py)
+    # (spec, q, k, v, order, angles, key_padding_mask) -> its non-causal fused read with the aligned cross-attention's
+    # weight on the scores (fw_fairseq/modules/cross_align.py), or None
+    fused_aligned: Optional[Callable] = None
     short: Optional[Callable] = None  # its short read from raw heads on the CPU kernels (rules/<rule>/short_read.py)
 
     def form(self, name):

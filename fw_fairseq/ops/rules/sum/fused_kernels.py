@@ -8,6 +8,10 @@ the scores P = mask(phi(q) phi(k)^T) and their row sums (the z column) on chip, 
 The forward saves y and n only; the backward recomputes P from the raw heads. Grids: (B H, query blocks) for the
 forward and dq, (B H, key blocks) for dk and dv. A padded key (mask != 0) has phi(k) = 0: it reads nothing and its
 dk is 0, as the CPU kernel's. Causal blocks need Tq = T and mask key s > query t.
+
+ALIGN = P > 0 weighs the scores by the aligned cross-attention's w = cos^(2P)((a_i - b_j) / 2) of the queries' and
+keys' angles (qa [B, Tq], kb [B, T]; fw_fairseq/modules/cross_align.py): P = W * mask(phi(q) phi(k)^T), so dP and the
+scores of dv carry the same constant W. It is formed on chip from the angles, never as [Tq, T] in memory.
 """
 import triton
 import triton.language as tl
@@ -48,6 +52,20 @@ def _keep(qrows, krows, kok, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _weigh(s, qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows, kok, ALIGN: tl.constexpr):
+    """s [BQ, BK] times the aligned weight cos^(2 ALIGN)((a_i - b_j) / 2) of its rows' angles; ALIGN 0: s."""
+    if ALIGN:
+        a = tl.load(qa_ptr + b * Tq + qrows, mask=qok, other=0.0)
+        c = tl.cos((a[:, None] - tl.load(kb_ptr + b * T + krows, mask=kok, other=0.0)[None, :]) * 0.5)
+        c2 = c * c
+        w = c2
+        for _ in tl.static_range(ALIGN - 1):
+            w = w * c2
+        s = s * w.to(s.dtype)
+    return s
+
+
+@triton.jit
 def _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT: tl.constexpr):
     """This program's (b H + h, b, h, first row of its block) and the pointers to its head of q, k and v."""
     bh, start = tl.program_id(0), tl.program_id(1) * BT
@@ -65,9 +83,9 @@ def _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, so
 
 
 @triton.jit(do_not_specialize=SIZES)
-def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T, d, E, m, M, eps,
+def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, qa_ptr, kb_ptr, H, Tq, T, d, E, m, M, eps,
                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
                 MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """y [BT, M] of one query block of one head, and its n [BT]."""
     bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
@@ -80,7 +98,8 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T,
         krows, kok = _key_rows(mask_ptr, b, kj, T, BT, HAS_MASK)
         ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
         s = _scores(q_ptr, k_ptr, proj_ptr, qrows, qok, krows, kok, sqt, skt, qs, ks, d, E, m, MAP, DB, EC, PREC, ACC)
-        s = tl.where(_keep(qrows, krows, kok, CAUSAL), s, 0.0)
+        s = _weigh(tl.where(_keep(qrows, krows, kok, CAUSAL), s, 0.0), qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows,
+                   kok, ALIGN)
         z += tl.sum(s, axis=1)
         acc += tl.dot(s, load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC), input_precision=PREC)
     n = z + eps
@@ -89,9 +108,10 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, H, Tq, T,
 
 
 @triton.jit(do_not_specialize=SIZES)
-def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, proj_ptr, H, Tq, T, d, E, m, M,
-                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
-                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
+def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, proj_ptr, qa_ptr, kb_ptr,
+                   H, Tq, T, d, E, m, M, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
+                   CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr,
+                   DB: tl.constexpr,
                    MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """dq [BT, d] of one query block (dq has q's strides; dy = do has o's)."""
     bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
@@ -107,7 +127,8 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
         ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
         v = load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC)
         dp = (tl.dot(dy, tl.trans(v), input_precision=PREC) - delta[:, None]) / n[:, None]
-        dp = tl.where(_keep(qrows, krows, kok, CAUSAL), dp, 0.0)  # [BT, BT]
+        dp = _weigh(tl.where(_keep(qrows, krows, kok, CAUSAL), dp, 0.0), qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows,
+                    kok, ALIGN)  # [BT, BT]
         for c0 in range(0, E, EC):
             cols = c0 + tl.arange(0, EC)
             pk = phi_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, d, E, m, ks[0], ks[1], ks[2], ks[3], False, MAP,
@@ -125,10 +146,11 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
 
 
 @triton.jit(do_not_specialize=SIZES)
-def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, mask_ptr, proj_ptr,
+def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, mask_ptr, proj_ptr, qa_ptr, kb_ptr,
                     H, Tq, T, d, E, m, M,
                     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
-                    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
+                    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr,
+                   DB: tl.constexpr,
                     MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """dk [BT, d] and dv [BT, M] of one key block (dk has k's strides, dv v's)."""
     bh, b, h, kj, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
@@ -144,9 +166,11 @@ def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, m
         s = _scores(q_ptr, k_ptr, proj_ptr, qrows, qok, krows, kok, sqt, skt, qs, ks, d, E, m, MAP, DB, EC, PREC, ACC)
         dy, delta, n = _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, sot, sgb, sgh,
                                     sgt, MB, ACC)
-        dv += tl.dot(tl.trans(tl.where(keep, s, 0.0) / n[:, None]), dy, input_precision=PREC)
+        s = _weigh(tl.where(keep, s, 0.0), qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows, kok, ALIGN)
+        dv += tl.dot(tl.trans(s / n[:, None]), dy, input_precision=PREC)
         dp = (tl.dot(dy, tl.trans(v), input_precision=PREC) - delta[:, None]) / n[:, None]
-        dpt = tl.trans(tl.where(keep, dp, 0.0))  # [BT keys, BT queries]
+        dpt = tl.trans(_weigh(tl.where(keep, dp, 0.0), qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows, kok,
+                              ALIGN))  # [BT keys, BT queries]
         for c0 in range(0, E, EC):
             cols = c0 + tl.arange(0, EC)
             pq = phi_chunk(q_ptr, proj_ptr, qrows, qok, sqt, cols, d, E, m, qs[0], qs[1], qs[2], qs[3], True, MAP,

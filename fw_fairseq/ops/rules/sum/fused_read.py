@@ -4,6 +4,9 @@ y [B, H, Tq, M] = A v of the raw heads q [B, H, Tq, d], k [B, H, T, d] and value
 docstring), in float32 for half heads (guards.state_dtype). y is allocated as [Tq, B, H, M] and returned as its
 [B, H, Tq, M] view, so that the module's merge of heads into [Tq, B, C] is a view, not a copy. Saved for the
 backward: the heads, y and n [B, H, Tq]. First order only (guards.first_order).
+
+align: None, or (P, qa [B, Tq], kb [B, T]): the aligned cross-attention's weight cos^(2P)((a_i - b_j) / 2) of the
+queries' and keys' angles on the scores (fused_kernels.py), a constant without a gradient.
 """
 import torch
 import triton
@@ -14,62 +17,68 @@ from fw_fairseq.ops.rules.sum import fused_kernels as sum_kernels
 from fw_fairseq.ops.fused_read.launch import NUM_STAGES, block_t, precision, rowwise
 
 
-def _launch_args(spec, q, k, v, mask):
+def _launch_args(spec, q, k, v, mask, align):
+    """(programs per block row, positions per block, the kernels' constants, the sizes, and the pointers' tensors
+    after proj: mask, qa, kb, with 1-element stand-ins for those not given)."""
     B, H, Tq, d = q.shape
     T, M = k.shape[2], v.shape[-1]
     prec, acc = precision(q.dtype)
     bt = block_t(max(Tq, T))
-    meta = dict(HAS_MASK=mask is not None, MAP=spec.code, DB=spec.db, MB=max(16, triton.next_power_of_2(M)),
-                EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
+    meta = dict(HAS_MASK=mask is not None, ALIGN=0 if align is None else align[0], MAP=spec.code, DB=spec.db,
+                MB=max(16, triton.next_power_of_2(M)), EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
     sizes = (H, Tq, T, d, spec.E, spec.m, M)
     mask = mask if mask is not None else q.new_zeros(1, dtype=torch.uint8)
-    return B * H, bt, meta, sizes, mask
+    angle = torch.float64 if q.dtype == torch.float64 else torch.float32
+    angles = (q.new_zeros(1, dtype=angle),) * 2 if align is None else (x.to(angle).contiguous() for x in align[1:])
+    return B * H, bt, meta, sizes, (mask, *angles)
 
 
 def _strides(*tensors):
     return [s for x in tensors for s in x.stride()[:3]]
 
 
-def sum_forward(spec, q, k, v, mask, causal):
+def sum_forward(spec, q, k, v, mask, causal, align=None):
     """(y [B, H, Tq, M], n [B, H, Tq]); mask: [B, T] uint8 (nonzero at padding) or None."""
     B, H, Tq, _ = q.shape
     M = v.shape[-1]
-    grid_bh, bt, meta, sizes, mask_arg = _launch_args(spec, q, k, v, mask)
+    grid_bh, bt, meta, sizes, (mask_arg, *angles) = _launch_args(spec, q, k, v, mask, align)
     dtype = state_dtype(q.dtype)
     y = torch.empty(Tq, B, H, M, dtype=dtype, device=q.device).permute(1, 2, 0, 3)  # [B, H, Tq, M] view
     n = torch.empty(B, H, Tq, dtype=dtype, device=q.device)
     sum_kernels.sum_forward[(grid_bh, triton.cdiv(Tq, bt))](
-        q, k, v, y, n, mask_arg, spec.proj(q), *sizes, Z_EPS, *_strides(q, k, v, y), CAUSAL=causal, **meta)
+        q, k, v, y, n, mask_arg, spec.proj(q), *angles, *sizes, Z_EPS, *_strides(q, k, v, y), CAUSAL=causal,
+        **meta)
     return y, n
 
 
-def sum_backward(spec, q, k, v, mask, causal, y, n, dy):
+def sum_backward(spec, q, k, v, mask, causal, y, n, dy, align=None):
     """(dq, dk, dv), each with its input's strides and dtype."""
     Tq, T = q.shape[2], k.shape[2]
-    grid_bh, bt, meta, sizes, mask_arg = _launch_args(spec, q, k, v, mask)
+    grid_bh, bt, meta, sizes, (mask_arg, *angles) = _launch_args(spec, q, k, v, mask, align)
     proj = spec.proj(q)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
     common = _strides(q, k, v, y, dy)
     sum_kernels.sum_backward_q[(grid_bh, triton.cdiv(Tq, bt))](
-        q, k, v, y, dy, n, dq, mask_arg, proj, *sizes, *common, CAUSAL=causal, **meta)
+        q, k, v, y, dy, n, dq, mask_arg, proj, *angles, *sizes, *common, CAUSAL=causal, **meta)
     sum_kernels.sum_backward_kv[(grid_bh, triton.cdiv(T, bt))](
-        q, k, v, y, dy, n, dk, dv, mask_arg, proj, *sizes, *common, CAUSAL=causal, **meta)
+        q, k, v, y, dy, n, dk, dv, mask_arg, proj, *angles, *sizes, *common, CAUSAL=causal, **meta)
     return dq, dk, dv
 
 
 class FusedSumRead(torch.autograd.Function):
-    """y = A v of the sum rule from raw heads (module docstring); spec: launch.MapSpec."""
+    """y = A v of the sum rule from raw heads (module docstring); spec: launch.MapSpec; align: None or
+    (P, qa, kb)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, spec, causal):
-        y, n = sum_forward(spec, q, k, v, mask, causal)
+    def forward(ctx, q, k, v, mask, spec, causal, align=None):
+        y, n = sum_forward(spec, q, k, v, mask, causal, align)
         ctx.save_for_backward(q, k, v, mask, y, n)
-        ctx.spec, ctx.causal = spec, causal
+        ctx.spec, ctx.causal, ctx.align = spec, causal, align
         return y
 
     @staticmethod
     @first_order
     def backward(ctx, grad):
         q, k, v, mask, y, n = ctx.saved_tensors
-        dq, dk, dv = sum_backward(ctx.spec, q, k, v, mask, ctx.causal, y, n, rowwise(grad))
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = sum_backward(ctx.spec, q, k, v, mask, ctx.causal, y, n, rowwise(grad), ctx.align)
+        return dq, dk, dv, None, None, None, None

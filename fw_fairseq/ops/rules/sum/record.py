@@ -3,7 +3,7 @@
 import torch
 
 from fw_fairseq.ops.common.guards import state_dtype
-from fw_fairseq.ops.rules.sum.fused import sum_fused
+from fw_fairseq.ops.rules.sum.fused import sum_fused, sum_fused_aligned
 from fw_fairseq.ops.rules.sum.short_read import sum_short_read
 from fw_fairseq.ops.rules.record import UpdateRule
 from fw_fairseq.ops.rules.sum.chunked import chunked_sum
@@ -36,5 +36,6 @@ SUM = UpdateRule(
     name="sum", scalars=(), pad_values={}, normalised_phi=False, z_column=True,
     naive=naive_sum, chunked=chunked_sum, step=step_sum, memory=sum_memory, writes=sum_writes, short_with_grad=True,
     key_reads=False, write_of=sum_write_of, in_place_step=in_place_step_sum,
-    kernel="sum", kernel_memory=False, kernel_scalars=sum_kernel_scalars, fused=sum_fused, short=sum_short_read,
+    kernel="sum", kernel_memory=False, kernel_scalars=sum_kernel_scalars, fused=sum_fused,
+    fused_aligned=sum_fused_aligned, short=sum_short_read,
 )
