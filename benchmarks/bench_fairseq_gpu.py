@@ -9,7 +9,8 @@ self-attention, sum-normalised phi, its default there); table1_dpfp2, Table 1's 
 flags its config file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh. On request (--configs),
 NAME_unfused: a fast-weight configuration with the fused read switched off in the runner (FW_NO_FUSED_READ), so
 that every block takes the path the fused read replaces; beside NAME it gives the fused read's end-to-end effect;
-dpfp2_delta_dec_align4: the delta configuration with the aligned cross-attention (--fw-cross-align 4).
+dpfp2_delta_dec_align4 (and its _unfused): the delta configuration with the aligned cross-attention
+(--fw-cross-align 4).
 Every configuration gets the same data, seed, batches and training flags besides those.
 
 On generated parallel data (10..50 tokens a sentence, a 2,000-word vocabulary, the target a fixed word mapping of
@@ -53,12 +54,13 @@ SHIPPED = {"softmax": ["--fw-attention", "none"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
                                "sum", "--fw-encoder-conv", "3"]}
 # on request: the delta configuration with the aligned cross-attention (compare_attention's
-# dpfp2-delta-dec-align4-vconv3), whose cross-attention reads in PyTorch ops, beside the fused read of the others
+# dpfp2-delta-dec-align4-vconv3), whose cross-attention takes the fused read's aligned form (dispatch's "aligned")
 ALIGNED = {"dpfp2_delta_dec_align4": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                       "--fw-delta-norm", "sum", "--fw-cross-align", "4", "--fw-encoder-conv", "3"]}
 DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2"]
 UNFUSED = "_unfused"  # a name's suffix: the runner switches the fused read off (fairseq_run.py)
-NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax"), *ALIGNED]
+NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax"), *ALIGNED,
+         *(name + UNFUSED for name in ALIGNED)]
 MEAN_TOKENS = 31  # a generated sentence: 10..50 words (mean 30) and </s>
 STEADY_RULE = ("median of fairseq's train_inner wps over the intervals logged in epochs >= 2, less each epoch's "
                "first interval (it spans the epoch boundary)")

@@ -93,7 +93,8 @@ def test_the_configurations_are_the_shipped_ones_and_table_1s():
 def test_an_unfused_configuration_is_its_twin_with_the_fused_read_switched_off_in_the_runner():
     configs = bench_fairseq_gpu.configs()
     unfused = [name for name in configs if name.endswith(bench_fairseq_gpu.UNFUSED)]
-    assert sorted(unfused) == ["dpfp2_delta_dec_unfused", "dpfp2_sum_unfused", "table1_dpfp2_unfused"]
+    assert sorted(unfused) == ["dpfp2_delta_dec_align4_unfused", "dpfp2_delta_dec_unfused", "dpfp2_sum_unfused",
+                              "table1_dpfp2_unfused"]
     for name in unfused:
         assert configs[name] == configs[name.removesuffix(bench_fairseq_gpu.UNFUSED)]
         assert bench_fairseq_gpu.runner_env(name)["FW_NO_FUSED_READ"] == "1"
