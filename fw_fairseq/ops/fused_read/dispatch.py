@@ -46,19 +46,25 @@ def _mode(causal, Tq, T):
     return MODES[0] if causal else MODES[1] if Tq == T else MODES[2]
 
 
+def _spec_within(phi, q, k, v, mode):
+    """phi's MapSpec where the fused read takes heads like q, k, v in `mode` (a row form, one dtype, E and T within
+    the mode's CROSSOVER entry), else None."""
+    launch = kernels()
+    spec = launch.map_spec(phi)
+    if spec is None or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    widest, longest = CROSSOVER[mode]
+    if spec.E > min(widest, launch.MAX_E) or max(q.shape[2], k.shape[2]) > longest:
+        return None
+    return spec
+
+
 def fused_read_for(phi, rule, q, k, v, scalars, causal, norm, key_padding_mask):
     """The fused read's o [B, H, Tq, M] where it takes this block (module docstring), else None; rule: an UpdateRule."""
     if rule.fused is None or not takes(q):
         return None
-    launch = kernels()
-    spec = launch.map_spec(phi)
-    Tq, T = q.shape[2], k.shape[2]
-    if spec is None or k.dtype != q.dtype or v.dtype != q.dtype:
-        return None
-    widest, longest = CROSSOVER[_mode(causal, Tq, T)]
-    if spec.E > min(widest, launch.MAX_E) or max(Tq, T) > longest:
-        return None
-    return read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask)
+    spec = _spec_within(phi, q, k, v, _mode(causal, q.shape[2], k.shape[2]))
+    return None if spec is None else read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask)
 
 
 def fused_aligned_read_for(phi, rule, order, angles, q, k, v, key_padding_mask):
@@ -66,13 +72,10 @@ def fused_aligned_read_for(phi, rule, order, angles, q, k, v, key_padding_mask):
     cos^(2 order)((a_i - b_j) / 2) of angles (a [B, Tq], b [B, T])) where it takes this block, else None."""
     if rule.fused_aligned is None or not takes(q):
         return None
+    spec = _spec_within(phi, q, k, v, "aligned")
+    if spec is None:
+        return None
     launch = kernels()
-    spec = launch.map_spec(phi)
-    if spec is None or k.dtype != q.dtype or v.dtype != q.dtype:
-        return None
-    widest, longest = CROSSOVER["aligned"]
-    if spec.E > min(widest, launch.MAX_E) or max(q.shape[2], k.shape[2]) > longest:
-        return None
     launch.check_heads("fused_read", q, k, v, {}, False)
     q, k, v = (launch.rowwise(x) for x in (q, k, v))
     return rule.fused_aligned(spec, q, k, v, order, angles, key_padding_mask)
