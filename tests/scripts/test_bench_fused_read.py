@@ -54,7 +54,8 @@ def test_the_fused_kernels_compile_for_the_gpu_without_one(tmp_path):
     for capability 9.0 through Triton's JIT with the offline driver; run again on the cache moved elsewhere, every
     kernel is a cache hit. (The delta read alone: each kernel takes seconds to compile on two cores.)"""
     first, moved = tmp_path / "cache", tmp_path / "moved"
-    script = [sys.executable, str(REPO / "tools" / "gpu_node" / "gpu_triton_cache.py"), "--cases", "tiny", "--rules", "delta", "--cache"]
+    script = [sys.executable, str(REPO / "tools" / "gpu_node" / "gpu_triton_cache.py"), "--cases", "tiny", "--rules",
+              "delta", "--no-training", "--cache"]
     env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([*script, str(first)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -52,8 +52,8 @@ def gpu_check(*args):
 @pytest.mark.parametrize("part, steps", [
     ("kernels", ["environment", "install_kit", "build_extension", "warm_triton", "pytest_fused", "bench_fused",
                  "pytest_cuda", "memcheck", "racecheck", "build_fast_transformers", "bench_ops"]),
-    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "cuda_graph", "bench_fairseq",
-                 "compare"]),
+    ("fairseq", ["environment", "install_kit", "build_fairseq", "build_extension", "warm_triton", "cuda_graph",
+                 "bench_fairseq", "compare"]),
 ])
 def test_the_dry_run_plans_each_part(part, steps):
     proc = gpu_check("--dry-run", "--part", part)
@@ -136,7 +136,8 @@ def test_a_run_records_every_step_within_its_budget(tmp_path):
     check = json.loads((out / "check.json").read_text())
     status = {s["name"]: s["status"] for s in check["steps"]}
     assert status == {"environment": "failed", "install_kit": "skipped", "build_fairseq": "skipped",
-                      "build_extension": "skipped", "cuda_graph": "skipped", "bench_fairseq": "skipped",
+                      "build_extension": "skipped", "warm_triton": "skipped", "cuda_graph": "skipped",
+                      "bench_fairseq": "skipped",
                       "compare": "skipped"}
     assert "torch sees no CUDA device" in check["steps"][0]["tail"]
     assert "out of budget" in check["steps"][1]["tail"]

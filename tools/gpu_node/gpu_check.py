@@ -54,8 +54,9 @@ STEPS = [
     Step("build_fairseq", ("fairseq",), 300, 60, "fairseq-fixed from its sdist against the node's torch"),
     Step("build_extension", ("kernels", "fairseq"), 300, 60, "fw_fairseq._cuda for this GPU (setup.py build_ext)"),
     # the fused read first: the newest kernels get the device's time before the older, slower steps
-    Step("warm_triton", ("kernels",), 120, 10, "Triton's cache of the fused read's kernels: the kit's, or compiled "
-         "here (tools/gpu_node/gpu_triton_cache.py --device cuda)"),
+    # in both parts: the kit's cache holds the benchmark's reads and those of transformer_fw_big --fp16 training
+    Step("warm_triton", ("kernels", "fairseq"), 120, 10, "Triton's cache of the fused read's kernels: the kit's, or "
+         "compiled here (tools/gpu_node/gpu_triton_cache.py --device cuda)"),
     Step("pytest_fused", ("kernels",), 150, 20, "python -m pytest tests/ops/test_fused_read*.py, compiled on CUDA"),
     # fla's kernels autotune on their first call of each shape: 20-30 s each on an H100
     Step("bench_fused", ("kernels",), 240, 30, "benchmarks/bench_fused_read_gpu.py --quick"),

@@ -195,9 +195,10 @@ def build_fast_transformers(py, repo, kit, work, env):
 
 
 def triton_sources(repo):
-    """What the fused read's compiled kernels depend on: its kernels and launches, the benchmark's cases (the
-    shapes they are compiled for) and the script that compiles them."""
+    """What the fused read's compiled kernels depend on: its dispatch and launches, the rules' kernels, the
+    benchmark's cases (the shapes they are compiled for) and the script that compiles them."""
     return [*sorted((repo / "fw_fairseq" / "ops" / "fused_read").glob("*.py")),
+            *sorted((repo / "fw_fairseq" / "ops" / "rules").glob("*/fused*.py")),
             repo / "fw_fairseq" / "experiments" / "fused_read_cases.py",
             repo / "benchmarks" / "bench_fused_read_gpu.py", repo / "tools" / "gpu_node" / "gpu_triton_cache.py"]
 

@@ -15,6 +15,10 @@ its limits are checked as the node's (shared memory, threads). The cache fits on
 it in the build venv (tools/gpu_node/gpu_prebuilt.py), which has the node's torch and Triton (tools/gpu_node/gpu_node.txt).
 Triton records a kernel's files by absolute path (__grp__*.json); relocate() points them at the folder the
 cache is unpacked into. Only the cubin and the metadata are kept: the node loads nothing else.
+
+Beside the benchmark's cases it compiles the fused reads that `transformer_fw_big --fp16` training takes in
+benchmarks/bench_fairseq_gpu.py's configurations (training_launches), so that a training run on the node starts
+warm instead of compiling them in its first epoch.
 """
 import argparse
 import json
@@ -78,6 +82,65 @@ def launches(cases, rules, device):
     return done
 
 
+# transformer_fw_big --fp16 in benchmarks/bench_fairseq_gpu.py's configurations: 16 heads of 64, DPFP-2 (E = 256),
+# fp16 heads and fp32 scalars. Each block as (rule, causal, phi's norm, --fw-cross-align P): the encoder's and the
+# decoder's sum rule (and the cross-attention, Tq != T), the decoder's sum-normalised delta rule, the aligned
+# cross-attention of P = 4.
+TRAINING_HEADS = dict(H=16, d=64, nu=2)
+TRAINING_BLOCKS = (("sum", False, None, 0), ("sum", True, None, 0), ("delta", True, "sum", 0), ("sum", False, None, 4))
+# A kernel's compiled form depends on a length only through its block length (launch.block_t: 16, 32 or 64) and on
+# whether it is a multiple of 16 (Triton's specialisation of integer arguments): one length of each class stands
+# for every length. tests/scripts/test_gpu_triton_cache.py checks models' training steps against these launches.
+TRAINING_LENGTHS = (15, 16, 31, 32, 63, 64)
+
+
+def training_inputs(Tq, T, padded, device, rule):
+    """Two sentences' fp16 heads q [2, H, Tq, d], k, v [2, H, T, d] (the second left-padded when `padded`), the
+    key padding mask [2, T] or None, the rule's fp32 scalars [2, H, T] and the aligned read's angles."""
+    import torch
+
+    from fw_fairseq.ops import RULES
+
+    H, d = TRAINING_HEADS["H"], TRAINING_HEADS["d"]
+    q, k, v = (torch.randn(2, H, n, d, device=device, dtype=torch.float16).requires_grad_() for n in (Tq, T, T))
+    mask = None
+    if padded:
+        mask = torch.zeros(2, T, dtype=torch.bool, device=device)
+        mask[1, :T // 3] = True
+    scalars = tuple(torch.rand(2, H, T, device=device) for _ in RULES[rule].scalars)
+    angles = (torch.rand(2, Tq, device=device, dtype=torch.float64), torch.rand(2, T, device=device,
+                                                                                dtype=torch.float64))
+    return q, k, v, mask, scalars, angles
+
+
+def training_launches(device):
+    """Run every TRAINING_BLOCKS read that the dispatch sends to the fused read, forward and backward, at every pair
+    of TRAINING_LENGTHS (Tq = T where causal), with and without padding: [labels]."""
+    import torch
+
+    from fw_fairseq.ops import RULES, feature_map
+    from fw_fairseq.ops.fused_read import dispatch
+    from fw_fairseq.ops.rules.raw_read import short_read
+
+    dispatch.DEVICES = (device.type,)  # offline: CPU tensors stand for the node's CUDA ones
+    phi = feature_map("dpfp", TRAINING_HEADS["d"], nu=TRAINING_HEADS["nu"]).to(device)
+    done = []
+    for rule, causal, norm, align in TRAINING_BLOCKS:
+        pairs = [(n, n) for n in TRAINING_LENGTHS] if causal else [(a, b) for a in TRAINING_LENGTHS
+                                                                   for b in TRAINING_LENGTHS]
+        for (Tq, T), padded in [(pair, padded) for pair in pairs for padded in (False, True)]:
+            q, k, v, mask, scalars, angles = training_inputs(Tq, T, padded, device, rule)
+            if align:
+                out = dispatch.fused_aligned_read_for(phi, RULES[rule], align, angles, q, k, v, mask)
+            else:
+                out = short_read(phi, RULES[rule], q, k, v, scalars, mask, causal, norm)
+            if out is not None:
+                out.backward(torch.ones_like(out))
+                done.append(f"training {rule}{f' align {align}' if align else ''} "
+                            f"{'causal' if causal else 'non-causal'} Tq={Tq} T={T}{' padded' if padded else ''}")
+    return done
+
+
 def relocate(cache):
     """Point every kernel group's file list (__grp__*.json) at `cache` as it is now, keeping the files that exist."""
     for group in Path(cache).glob("*/__grp__*.json"):
@@ -100,6 +163,8 @@ def main(argv=None):
     parser.add_argument("--cache", type=Path, required=True, help="TRITON_CACHE_DIR to fill")
     parser.add_argument("--cases", nargs="+", help="bench_fused_read_gpu.py's cases (default: its --quick ones)")
     parser.add_argument("--rules", nargs="+", default=["sum", "delta"], help="the benchmark's reads of these rules")
+    parser.add_argument("--no-training", action="store_true", help="the benchmark's cases only, without the reads "
+                        "of transformer_fw_big --fp16 training (training_launches)")
     parser.add_argument("--device", default="cpu", help="cpu: compile offline for --capability; cuda: run them")
     parser.add_argument("--capability", type=int, default=90, help="the node's GPU (90: H100, H200)")
     args = parser.parse_args(argv)
@@ -116,6 +181,8 @@ def main(argv=None):
 
     start = time.monotonic()
     done = launches(args.cases or bench.QUICK, args.rules, torch.device(args.device))
+    if not args.no_training:
+        done += training_launches(torch.device(args.device))
     if args.device == "cpu":
         prune(args.cache)
     kernels = sorted(p.name[len("__grp__"):-len(".json")] for p in args.cache.glob("*/__grp__*.json"))

@@ -1,0 +1,46 @@
+"""The GPU kit's Triton cache leaves a training run nothing to compile: every fused-read kernel launch of a
+transformer_fw training step, in the GPU benchmark's configurations (benchmarks/bench_fairseq_gpu.py, 16 heads of 64,
+fp16), at batch lengths of every block length and with padding on either side, is one of the launches that
+tools/gpu_node/gpu_triton_cache.py compiles (training_launches), as Triton's JIT specialises them. No kernel compiles
+here: fixtures/triton_launch_keys.py records each launch's key."""
+import json
+import os
+import subprocess
+import sys
+
+import bench_fairseq_gpu
+import pytest
+from conftest import REPO
+
+pytest.importorskip("triton")
+
+KEYS = REPO / "tests" / "scripts" / "fixtures" / "triton_launch_keys.py"
+# the benchmark's fast-weight configurations, one of each set of blocks: the sum rule throughout (the encoder's, the
+# decoder's causal and the cross-attention's reads), the delta rule in the decoder with the aligned cross-attention
+CONFIGS = ["dpfp2_sum", "dpfp2_delta_dec_align4"]
+# (source lengths, target lengths) of a batch: block lengths 16, 32 and 64 (launch.block_t), lengths that are and are
+# not multiples of 16, sources longer and shorter than their targets, with and without padding
+BATCHES = [("15,10", "16,12"), ("23,23", "23,20"), ("40,40", "51,51"), ("64,50", "64,64")]
+
+
+def launch_keys(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # Triton's JIT, not its interpreter
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("", "tests", "tools/gpu_node"))
+    proc = subprocess.run([sys.executable, str(KEYS), *args], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {tuple(key) for key in json.loads(proc.stdout.splitlines()[-1])}
+
+
+@pytest.mark.slow
+def test_every_kernel_of_a_training_step_is_among_the_cached_launches():
+    cached = launch_keys("launches")
+    configs = bench_fairseq_gpu.configs()
+    kernels = set()
+    for name in CONFIGS:
+        for src, tgt in BATCHES:
+            step = launch_keys("model", src, tgt, *configs[name])
+            assert step, f"{name} {src} {tgt}: no fused read"
+            assert step <= cached, f"{name} {src} {tgt}: not cached: {sorted(k for k, _ in step - cached)}"
+            kernels |= {kernel for kernel, _ in step}
+    # every kernel of the benchmark's blocks: the sum rule's (plain and aligned), the delta rule's forward and backward
+    assert {"sum_forward", "sum_backward_q", "sum_backward_kv", "delta_writes", "delta_output"} <= kernels
