@@ -137,8 +137,7 @@ def test_a_run_records_every_step_within_its_budget(tmp_path):
     status = {s["name"]: s["status"] for s in check["steps"]}
     assert status == {"environment": "failed", "install_kit": "skipped", "build_fairseq": "skipped",
                       "build_extension": "skipped", "warm_triton": "skipped", "cuda_graph": "skipped",
-                      "bench_fairseq": "skipped",
-                      "compare": "skipped"}
+                      "bench_fairseq": "skipped", "compare": "skipped"}
     assert "torch sees no CUDA device" in check["steps"][0]["tail"]
     assert "out of budget" in check["steps"][1]["tail"]
     assert (out / "logs.txt").exists() and "| environment | failed |" in (out / "summary.md").read_text()
