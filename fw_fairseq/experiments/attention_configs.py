@@ -133,6 +133,11 @@ CONFIGS = {
     "dpfp2-sum-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3]),
     "dpfp2-delta-dec-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3]),
+    # narrower windows (P = 8: half weight within 0.19 of the source's length, P = 16: 0.13; P = 4: 0.26)
+    "dpfp2-delta-dec-align8-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                               "--fw-delta-norm", "sum", "--fw-cross-align", "8", *CONV3]),
+    "dpfp2-delta-dec-align16-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                "--fw-delta-norm", "sum", "--fw-cross-align", "16", *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
