@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import sacrebleu
-from sacremoses import MosesDetokenizer
+from sacremoses import MosesDetokenizer, MosesTokenizer
+
+from fw_fairseq.experiments.catalog_corpus import tokenize
 
 REPO = Path(__file__).resolve().parents[2]
 BAR = 30  # characters of the progress bar
@@ -182,11 +184,20 @@ def repeats(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
     return loop_span(tokens, times, max_n) is not None
 
 
+def over_twice_in_tokens(hypotheses, references):
+    """The number of hypotheses with more than twice their reference's tokens, both tokenised as the corpus is
+    (catalog_corpus.tokenize): counted in words, a detokenised `» %c «` (Moses does not join German quotes again)
+    is three words where its reference's `»%c«` is one."""
+    tokenizer = MosesTokenizer(lang="de")
+    return sum(len(tokenize(tokenizer, h).split()) > 2 * len(tokenize(tokenizer, r).split())
+               for h, r in zip(hypotheses, references))
+
+
 def length_profile(hypotheses, references, sources):
     """How the translations' lengths go wrong: per source-length bucket (BUCKETS, the raw source's words) the
     number of sentences, sacreBLEU and the hypotheses' length over the references' (sacreBLEU's 13a tokens), and
     over the whole split the share of hypotheses with a loop (repeats(), whitespace tokens), and the number of
-    hypotheses with more than twice their reference's words."""
+    hypotheses with more than twice their reference's words, and tokens (over_twice_in_tokens)."""
     if not len(hypotheses) == len(references) == len(sources):
         raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references, {len(sources)} sources")
     groups = {name: [] for name, _, _ in BUCKETS}
@@ -203,18 +214,31 @@ def length_profile(hypotheses, references, sources):
     loops = sum(repeats(h.split()) for h in hypotheses)
     return {"buckets": buckets, "n": len(hypotheses), "loops": loops,
             "repetition_rate": round(loops / len(hypotheses), 4) if hypotheses else None,
-            "over_twice": sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(hypotheses, references))}
+            "over_twice": sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(hypotheses, references)),
+            "over_twice_tokens": over_twice_in_tokens(hypotheses, references)}
 
 
 def has_long_split(work):
     return (Path(work) / "data-bin/test_long.en-de.de.idx").is_file()
 
 
+def _count_in_tokens(work, record):
+    """Adds over_twice_in_tokens to the record's profiles made before it existed, where the record kept their
+    translations; whether it added one."""
+    parts = [(part, split) for part, split in ((record, "test"), (record.get("long"), "test_long"))
+             if part and "hypotheses" in part and "profile" in part and "over_twice_tokens" not in part["profile"]]
+    for part, split in parts:
+        references = (work / f"raw/{split}.de").read_text().splitlines()
+        part["profile"]["over_twice_tokens"] = over_twice_in_tokens(part["hypotheses"], references)
+    return bool(parts)
+
+
 def measure_lengths(work, name, threads=None, checkpoint=None):
     """The run's record with "profile" (length_profile of its test translations, where raw/ has their sources) and,
-    where the work directory has the long split, "long": test_long translated (beam 4, --lenpen LENPEN), score() and length_profile() of it, and
-    its hypotheses. Adds them to records made before they existed (translating test_long from the run's checkpoint);
-    a record that has them is returned as it is."""
+    where the work directory has the long split, "long": test_long translated (beam 4, --lenpen LENPEN), score()
+    and length_profile() of it, and its hypotheses. Adds them to records made before they existed (translating
+    test_long from the run's checkpoint), and the count in tokens to profiles without it (_count_in_tokens); a
+    record that has them all is returned as it is."""
     work = Path(work)
     record_file = work / "runs" / f"{name}.json"
     record = json.loads(record_file.read_text())
@@ -232,6 +256,7 @@ def measure_lengths(work, name, threads=None, checkpoint=None):
         record["long"] = {**score(hypotheses, references), "profile": length_profile(hypotheses, references, sources),
                           "hypotheses": hypotheses}
         changed = True
+    changed = _count_in_tokens(work, record) or changed
     if changed:
         record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
     return record

@@ -54,7 +54,10 @@ def _mean_profile(profiles):
                                "length_ratio": _mean([p["buckets"][name]["length_ratio"] for p in profiles])}
                         for name in names},
             "n": profiles[0]["n"], "repetition_rate": _mean([p["repetition_rate"] for p in profiles]),
-            "over_twice": _mean([p["over_twice"] for p in profiles]), "runs": len(profiles)}
+            "over_twice": _mean([p["over_twice"] for p in profiles]), "runs": len(profiles),
+            # older runs counted words only: a mean of the runs that have a count in tokens would not be the row's
+            "over_twice_tokens": (_mean([p["over_twice_tokens"] for p in profiles])
+                                  if all("over_twice_tokens" in p for p in profiles) else None)}
 
 
 def paired(row, ref):
@@ -181,10 +184,11 @@ def by_source_length(rows):
     names = list(first["buckets"])
     lines = ["", "Lengths by source length (English words; BLEU, then the translations' length over the references' "
                  "in sacreBLEU's tokens), the share of translations that loop (a token or an n-gram, n ≤ 4, 4 times "
-                 "in a row) and the number longer than twice their reference (words); means over the seeds:", "",
+                 "in a row) and the number longer than twice their reference, in words and in tokens (both sides "
+                 "tokenised as the corpus is: a detokenised `» %c «` is three words); means over the seeds:", "",
              "| configuration | split | " + " | ".join(f"BLEU {n}" for n in names) + " | "
-             + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference |",
-             "|---|---|" + "---:|" * (2 * len(names) + 2)]
+             + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference | in tokens |",
+             "|---|---|" + "---:|" * (2 * len(names) + 3)]
     for split in splits:
         for name, row in rows.items():
             profile = row["profiles"][split]
@@ -196,7 +200,7 @@ def by_source_length(rows):
                          + " | ".join(_number(buckets[n]["bleu"]) for n in names) + " | "
                          + " | ".join(_number(buckets[n]["length_ratio"], 3) for n in names) + " | "
                          + f"{100 * profile['repetition_rate']:.1f}% | {_number(profile['over_twice'], 1)} of "
-                           f"{profile['n']} |")
+                           f"{profile['n']} | {_number(profile.get('over_twice_tokens'), 1)} |")
     if "test_long" in splits:
         lines += ["", "The long split as a whole (sacreBLEU, length ratio): " + "; ".join(
             f"{name} {_number(row['long_bleu'])} ({_number(row['long_length_ratio'], 3)})"

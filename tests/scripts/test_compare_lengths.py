@@ -1,5 +1,7 @@
 """scripts/demo/compare_attention.py's length measures (fw_fairseq/experiments/attention_runs.py's length_profile and its parts) and
 their section of the report (scripts/demo/compare_report.py), on hand-made translations: seconds, no model."""
+import json
+
 import compare_attention
 import compare_report
 import pytest
@@ -47,6 +49,15 @@ def test_length_profile_on_hand_made_translations():
     assert profile["buckets"][">15"]["length_ratio"] == pytest.approx(7 / 3, abs=1e-4)
     assert profile["buckets"]["≤5"]["length_ratio"] == 1.0
     assert profile["loops"] == 2 and profile["repetition_rate"] == 0.5 and profile["over_twice"] == 1
+    assert profile["over_twice_tokens"] == 1
+
+
+def test_a_detokenised_quote_is_not_counted_over_twice_in_tokens():
+    """Moses does not join German quotes again: » %c « is three words where the reference's »%c« is one."""
+    references = ["»%c« oder »%s«", "eins zwei"]
+    hypotheses = ["» %c « oder » %s «", "eins zwei zwei zwei zwei"]
+    assert attention_runs.length_profile(hypotheses, references, ["a", "b"])["over_twice"] == 2
+    assert attention_runs.over_twice_in_tokens(hypotheses, references) == 1  # the loop only
 
 
 def test_an_empty_bucket_has_no_bleu_and_mismatched_lists_stop():
@@ -68,7 +79,8 @@ def _profile(bleus, ratios, rate, over, n=100):
     names = [name for name, _, _ in attention_runs.BUCKETS]
     return {"buckets": {name: {"n": 0 if b is None else 10, "bleu": b, "length_ratio": r}
                         for name, b, r in zip(names, bleus, ratios)},
-            "n": n, "loops": round(rate * n), "repetition_rate": rate, "over_twice": over}
+            "n": n, "loops": round(rate * n), "repetition_rate": rate, "over_twice": over,
+            "over_twice_tokens": over // 2}
 
 
 def test_the_report_shows_lengths_by_bucket_loops_and_the_long_split():
@@ -81,9 +93,12 @@ def test_the_report_shows_lengths_by_bucket_loops_and_the_long_split():
                              _profile([None, None, 10.0], [None, None, 1.7], 0.1, 20))]}
     text = compare_report.table(results)
     assert "Lengths by source length" in text
-    # means over the two seeds: BLEU 32 / 22, length 0.95, loops 3 %, 2 over twice; no >15 sources in the test split
-    assert "| delta | test (10/10/0) | 32.00 | 22.00 | – | 0.950 | 0.950 | – | 3.0% | 2.0 of 100 |" in text
-    assert "| delta | test_long (0/0/10) | – | – | 9.00 | – | – | 1.800 | 20.0% | 30.0 of 100 |" in text
+    # means over the two seeds: BLEU 32 / 22, length 0.95, loops 3 %, 2 over twice (in tokens 0 and 1); no >15
+    # sources in the test split
+    assert "| delta | test (10/10/0) | 32.00 | 22.00 | – | 0.950 | 0.950 | – | 3.0% | 2.0 of 100 | 0.5 |" in text
+    assert "| delta | test_long (0/0/10) | – | – | 9.00 | – | – | 1.800 | 20.0% | 30.0 of 100 | 15.0 |" in text
+    del results["runs"][2]["long"]["profile"]["over_twice_tokens"]  # a run that counted words only: no mean
+    assert "| 20.0% | 30.0 of 100 | – |" in compare_report.table(results)
     assert "| softmax | test (10/10/0) |" in text and "| softmax | test_long" not in text
     assert "The long split as a whole (sacreBLEU, length ratio): delta 10.00 (1.500)." in text
     for run in results["runs"]:  # results recorded before the lengths were measured: no section
@@ -138,6 +153,21 @@ def test_measure_lengths_adds_the_long_split_to_stored_records_once(tmp_path, mo
     assert record["long"]["profile"]["loops"] == 1 and record["long"]["profile"]["over_twice"] == 1
     assert record["long"]["profile"]["buckets"][">15"]["n"] == 1 and record["long"]["length_ratio"] > 2
     assert attention_runs.measure_lengths(work, "run") == record and calls == ["test_long"]  # stored: not again
+    assert record["long"]["profile"]["over_twice_tokens"] == 1
+
+
+def test_measure_lengths_counts_in_tokens_where_a_record_counted_words_only(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "raw/test.de").write_text("»%c« fehlt\n")
+    (tmp_path / "raw/test_long.de").write_text("ein Satz\n")
+    profile = {"n": 1, "over_twice": 1}
+    record = {"hypotheses": ["» %c « fehlt"], "profile": dict(profile),
+              "long": {"hypotheses": ["ein Satz Satz Satz Satz Satz"], "profile": dict(profile)}}
+    (tmp_path / "runs/run.json").write_text(json.dumps(record))
+    record = attention_runs.measure_lengths(tmp_path, "run")
+    assert record["profile"]["over_twice_tokens"] == 0 and record["long"]["profile"]["over_twice_tokens"] == 1
+    assert json.loads((tmp_path / "runs/run.json").read_text()) == record
 
 
 @pytest.mark.parametrize("pieces, span", [
