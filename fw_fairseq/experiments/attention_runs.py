@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import sacrebleu
-from sacremoses import MosesDetokenizer, MosesTokenizer
+from sacremoses import MosesDetokenizer
 
-from fw_fairseq.experiments.catalog_corpus import tokenize
+from fw_fairseq.experiments.translation_lengths import length_profile, over_twice_in_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 BAR = 30  # characters of the progress bar
@@ -149,73 +149,6 @@ def score(hypotheses, references):
     return {"bleu": round(result.score, 2), "signature": str(metric.get_signature()), "bp": round(result.bp, 4),
             "length_ratio": round(result.sys_len / result.ref_len, 4),
             "precisions": [round(p, 2) for p in result.precisions]}
-
-
-# Source-length buckets (English words of the raw source): (name, fewest, most)
-BUCKETS = (("≤5", 0, 5), ("6–15", 6, 15), (">15", 16, None))
-LOOP_TIMES, LOOP_MAX_N = 4, 4  # a loop: an n-gram (n <= 4) LOOP_TIMES times in a row
-
-
-def bucket_of(words):
-    """The name of the BUCKETS entry of a source of `words` words."""
-    return next(name for name, low, high in BUCKETS if words >= low and (high is None or words <= high))
-
-
-def loop_span(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
-    """(start, end) of the first stretch of `tokens` in which an n-gram (n <= max_n, the smallest n first) occurs
-    `times` times in a row ("puis puis puis puis", "a b a b a b a b"), from its second occurrence on: the positions
-    that repeat. None without one. An n-gram repeated k times in a row is a stretch of (k - 1) n positions j where
-    tokens[j] == tokens[j + n]."""
-    for n in range(1, max_n + 1):
-        run = 0
-        for j in range(len(tokens) - n):
-            run = run + 1 if tokens[j] == tokens[j + n] else 0
-            if run >= (times - 1) * n:
-                start = j - run + 1 + n
-                end = start
-                while end < len(tokens) and tokens[end] == tokens[end - n]:
-                    end += 1
-                return start, end
-    return None
-
-
-def repeats(tokens, times=LOOP_TIMES, max_n=LOOP_MAX_N):
-    """Whether `tokens` has a loop (loop_span)."""
-    return loop_span(tokens, times, max_n) is not None
-
-
-def over_twice_in_tokens(hypotheses, references):
-    """The number of hypotheses with more than twice their reference's tokens, both tokenised as the corpus is
-    (catalog_corpus.tokenize): counted in words, a detokenised `» %c «` (Moses does not join German quotes again)
-    is three words where its reference's `»%c«` is one."""
-    tokenizer = MosesTokenizer(lang="de")
-    return sum(len(tokenize(tokenizer, h).split()) > 2 * len(tokenize(tokenizer, r).split())
-               for h, r in zip(hypotheses, references))
-
-
-def length_profile(hypotheses, references, sources):
-    """How the translations' lengths go wrong: per source-length bucket (BUCKETS, the raw source's words) the
-    number of sentences, sacreBLEU and the hypotheses' length over the references' (sacreBLEU's 13a tokens), and
-    over the whole split the share of hypotheses with a loop (repeats(), whitespace tokens), and the number of
-    hypotheses with more than twice their reference's words, and tokens (over_twice_in_tokens)."""
-    if not len(hypotheses) == len(references) == len(sources):
-        raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references, {len(sources)} sources")
-    groups = {name: [] for name, _, _ in BUCKETS}
-    for i, source in enumerate(sources):
-        groups[bucket_of(len(source.split()))].append(i)
-    buckets = {}
-    for name, rows in groups.items():
-        if not rows:
-            buckets[name] = {"n": 0, "bleu": None, "length_ratio": None}
-            continue
-        result = sacrebleu.BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]])
-        buckets[name] = {"n": len(rows), "bleu": round(result.score, 2),
-                         "length_ratio": round(result.sys_len / result.ref_len, 4) if result.ref_len else None}
-    loops = sum(repeats(h.split()) for h in hypotheses)
-    return {"buckets": buckets, "n": len(hypotheses), "loops": loops,
-            "repetition_rate": round(loops / len(hypotheses), 4) if hypotheses else None,
-            "over_twice": sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(hypotheses, references)),
-            "over_twice_tokens": over_twice_in_tokens(hypotheses, references)}
 
 
 def has_long_split(work):

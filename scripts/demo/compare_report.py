@@ -44,7 +44,7 @@ def summarise(results):
 
 
 def _mean_profile(profiles):
-    """The mean over seeds of attention_runs.length_profile()s (None where no run has one): per bucket the BLEU and
+    """The mean over seeds of translation_lengths.length_profile()s (None where no run has one): per bucket the BLEU and
     length ratio, the repetition rate and the count over twice the reference."""
     if not profiles:
         return None
@@ -174,7 +174,7 @@ def _number(value, digits=2):
 
 
 def by_source_length(rows):
-    """Where runs recorded them (attention_runs.length_profile): for the test split and the long split (test_long,
+    """Where runs recorded them (translation_lengths.length_profile): for the test split and the long split (test_long,
     messages of 16-40 words that no model trained on) BLEU and the length ratio per source-length bucket, the share
     of translations with a loop and the number over twice their reference's length (means over the seeds)."""
     splits = [split for split in ("test", "test_long") if any(row["profiles"][split] for row in rows.values())]

@@ -5,7 +5,7 @@ For each checkpoint (a compare_attention run, e.g. the sum and the delta configu
 
   generate   beam search as fw_fairseq/experiments/attention_runs.translate (beam 4, --lenpen 0.6, max length 1.2 x source + 10)
              on a split (default test_long), in float32 and with the model cast to float64; the looping hypotheses
-             (attention_runs.repeats on the detokenised text) of each
+             (translation_lengths.repeats on the detokenised text) of each
   score      (a) the model's log-probability of the reference and of the looping hypothesis under teacher forcing,
              summed and as the beam's length-normalised score (sum / length^0.6): the model preferring its loop
              over the reference is a model error, the reverse a search error
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from fw_fairseq.experiments import attention_runs
+from fw_fairseq.experiments import attention_runs, translation_lengths
 from loop_reads import analyse_reads, mean_layers, teacher_forced
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def float64_check(model64, task, args, ids, looping, hyps32, texts32, detok):
     hyps64 = generate(model64, task, args.subset, chosen)
     text32 = {i: text for i, text in zip(ids, texts32)}
     texts64 = {i: detokenize(task, hyps64[i]["tokens"], detok) for i in chosen}
-    loops64 = [i for i in chosen if attention_runs.repeats(texts64[i].split())]
+    loops64 = [i for i in chosen if translation_lengths.repeats(texts64[i].split())]
     return {"sentences": len(chosen), "identical_hypotheses": sum(texts64[i] == text32[i] for i in chosen),
             "looping_in_float32": len(looping), "looping_in_float64": len(loops64),
             "looping_in_both": len(set(loops64) & set(looping)),
@@ -93,7 +93,7 @@ def error_case(model64, task, i, sources, refs, hyps32, text, raw_src, raw_ref):
     src, ref, hyp = sources[i], refs[i], hyps32[i]["tokens"]
     lp_ref, lp_hyp = teacher_forced(model64, src, ref), teacher_forced(model64, src, hyp)
     pieces = [task.target_dictionary[t] for t in hyp.tolist()]
-    span = attention_runs.loop_span(pieces)
+    span = translation_lengths.loop_span(pieces)
     case = {"id": i, "source_words": len(raw_src[i].split()), "ref_tokens": ref.numel(),
             "hyp_tokens": hyp.numel(), "ref_logprob": float(lp_ref.sum()), "hyp_logprob": float(lp_hyp.sum()),
             "ref_beam_score": beam_score(lp_ref), "hyp_beam_score": beam_score(lp_hyp),
@@ -154,10 +154,10 @@ def main(argv=None):
         run = {}
         hyps32 = generate(model, task, args.subset, ids)
         texts32 = [detokenize(task, hyps32[i]["tokens"], detok) for i in ids]
-        profile = attention_runs.length_profile(texts32, [raw_ref[i] for i in ids], [raw_src[i] for i in ids])
+        profile = translation_lengths.length_profile(texts32, [raw_ref[i] for i in ids], [raw_src[i] for i in ids])
         bleu = attention_runs.score(texts32, [raw_ref[i] for i in ids])
         run["float32"] = {"bleu": bleu["bleu"], "length_ratio": bleu["length_ratio"], "profile": profile}
-        looping = [i for i, text in zip(ids, texts32) if attention_runs.repeats(text.split())]
+        looping = [i for i, text in zip(ids, texts32) if translation_lengths.repeats(text.split())]
         run["looping_ids"] = looping
         model64 = model.double()  # in place: model is float64 from here on
         if not args.no_float64:

@@ -4,7 +4,7 @@ split and of test_long).
 
 Per configuration, the results file's runs pooled:
 
-  loops             translations of test_long with a loop (attention_runs.loop_span on the detokenised words)
+  loops             translations of test_long with a loop (translation_lengths.loop_span on the detokenised words)
   > 2x reference    translations of test_long with more than twice their reference's words (the runaways)
   per loop          runaways over loops: how often a loop, once started, runs on
   onsets            per span of word positions of a translation, the loops that start there (their first repeating
@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from fw_fairseq.experiments import attention_runs
+from fw_fairseq.experiments import attention_runs, translation_lengths
 
 SPANS = ((1, 4), (5, 8), (9, 16), (17, 32), (33, None))  # word positions in a translation, from 1
 FEWEST_WORDS = 100  # fewer words at risk in a span print as "–": too few for a rate
@@ -35,7 +35,7 @@ def onsets(hypotheses):
     at_risk, starts = [0] * len(SPANS), [0] * len(SPANS)
     for text in hypotheses:
         words = text.split()
-        span = attention_runs.loop_span(words)
+        span = translation_lengths.loop_span(words)
         last = span[0] + 1 if span else len(words)  # positions 1..last were at risk
         for k, (low, high) in enumerate(SPANS):
             at_risk[k] += max(0, min(last, high or last) - low + 1)

@@ -1,5 +1,6 @@
-"""scripts/demo/compare_attention.py's length measures (fw_fairseq/experiments/attention_runs.py's length_profile and its parts) and
-their section of the report (scripts/demo/compare_report.py), on hand-made translations: seconds, no model."""
+"""scripts/demo/compare_attention.py's length measures (fw_fairseq/experiments/translation_lengths.py, and
+attention_runs.measure_lengths) and their section of the report (scripts/demo/compare_report.py), on hand-made
+translations: seconds, no model."""
 import json
 
 import compare_attention
@@ -7,7 +8,7 @@ import compare_report
 import pytest
 import sacrebleu
 
-from fw_fairseq.experiments import attention_runs
+from fw_fairseq.experiments import attention_runs, translation_lengths
 
 
 @pytest.mark.parametrize("text, loops", [
@@ -24,12 +25,12 @@ from fw_fairseq.experiments import attention_runs
     ("", False),
 ])
 def test_the_repetition_detector(text, loops):
-    assert attention_runs.repeats(text.split()) is loops
+    assert translation_lengths.repeats(text.split()) is loops
 
 
 @pytest.mark.parametrize("words, bucket", [(1, "≤5"), (5, "≤5"), (6, "6–15"), (15, "6–15"), (16, ">15"), (40, ">15")])
 def test_source_length_buckets(words, bucket):
-    assert attention_runs.bucket_of(words) == bucket
+    assert translation_lengths.bucket_of(words) == bucket
 
 
 def test_length_profile_on_hand_made_translations():
@@ -39,7 +40,7 @@ def test_length_profile_on_hand_made_translations():
                   "die Datei wurde nicht gefunden",  # exact
                   "das Verzeichnis ist ist ist ist leer",  # a loop, 7 words: not over 2 x 4
                   "ein langer Satz puis puis puis puis"]  # a loop, 7 words > 2 x 3
-    profile = attention_runs.length_profile(hypotheses, references, sources)
+    profile = translation_lengths.length_profile(hypotheses, references, sources)
     assert {name: b["n"] for name, b in profile["buckets"].items()} == {"≤5": 1, "6–15": 2, ">15": 1}
     assert profile["buckets"]["≤5"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(["eins zwei drei"],
                                                                                   [["eins zwei drei"]]).score, abs=0.01)
@@ -56,15 +57,15 @@ def test_a_detokenised_quote_is_not_counted_over_twice_in_tokens():
     """Moses does not join German quotes again: » %c « is three words where the reference's »%c« is one."""
     references = ["»%c« oder »%s«", "eins zwei"]
     hypotheses = ["» %c « oder » %s «", "eins zwei zwei zwei zwei"]
-    assert attention_runs.length_profile(hypotheses, references, ["a", "b"])["over_twice"] == 2
-    assert attention_runs.over_twice_in_tokens(hypotheses, references) == 1  # the loop only
+    assert translation_lengths.length_profile(hypotheses, references, ["a", "b"])["over_twice"] == 2
+    assert translation_lengths.over_twice_in_tokens(hypotheses, references) == 1  # the loop only
 
 
 def test_an_empty_bucket_has_no_bleu_and_mismatched_lists_stop():
-    profile = attention_runs.length_profile(["a b"], ["a b"], ["x y"])
+    profile = translation_lengths.length_profile(["a b"], ["a b"], ["x y"])
     assert profile["buckets"][">15"] == {"n": 0, "bleu": None, "length_ratio": None}
     with pytest.raises(ValueError, match="2 hypotheses, 1 references"):
-        attention_runs.length_profile(["a", "b"], ["a"], ["x"])
+        translation_lengths.length_profile(["a", "b"], ["a"], ["x"])
 
 
 def _run(config, seed, bleu, test_profile, long_profile=None):
@@ -76,7 +77,7 @@ def _run(config, seed, bleu, test_profile, long_profile=None):
 
 
 def _profile(bleus, ratios, rate, over, n=100):
-    names = [name for name, _, _ in attention_runs.BUCKETS]
+    names = [name for name, _, _ in translation_lengths.BUCKETS]
     return {"buckets": {name: {"n": 0 if b is None else 10, "bleu": b, "length_ratio": r}
                         for name, b, r in zip(names, bleus, ratios)},
             "n": n, "loops": round(rate * n), "repetition_rate": rate, "over_twice": over,
@@ -176,4 +177,4 @@ def test_measure_lengths_counts_in_tokens_where_a_record_counted_words_only(tmp_
     ("a b c d".split(), None),
 ])
 def test_the_span_of_a_loop_is_where_it_repeats(pieces, span):
-    assert attention_runs.loop_span(pieces) == span
+    assert translation_lengths.loop_span(pieces) == span

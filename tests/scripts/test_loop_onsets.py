@@ -23,7 +23,7 @@ def test_a_loop_past_the_last_span_counts_there():
 
 def run(config, seed, long_hypotheses, references):
     over = sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(long_hypotheses, references))
-    profile = {"n": len(long_hypotheses), "loops": sum(bool(loop_onsets.attention_runs.loop_span(h.split()))
+    profile = {"n": len(long_hypotheses), "loops": sum(bool(loop_onsets.translation_lengths.loop_span(h.split()))
                                                       for h in long_hypotheses), "over_twice": over}
     public = {"config": config, "seed": seed, "updates": 600, "bleu": 10.0, "long": {"profile": profile}}
     record = {"bleu": 10.0, "hypotheses": ["a b"], "long": {"profile": profile, "hypotheses": long_hypotheses}}
