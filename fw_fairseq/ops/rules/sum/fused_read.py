@@ -28,21 +28,17 @@ def _launch_args(spec, q, k, v, mask, align):
                 MB=max(16, triton.next_power_of_2(M)), EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
     sizes = (H, Tq, T, d, spec.E, spec.m, M)
     mask = mask if mask is not None else q.new_zeros(1, dtype=torch.uint8)
-    angles = (q.new_zeros(1, dtype=_angle_dtype(q.dtype)),) * 2 if align is None else kernel_align(q.dtype, align)[1:]
+    angles = (q.new_zeros(1, dtype=state_dtype(q.dtype)),) * 2 if align is None else kernel_align(q.dtype, align)[1:]
     return B * H, bt, meta, sizes, (mask, *angles)
 
 
-def _angle_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def kernel_align(dtype, align):
-    """align (P, qa, kb) with the angles in the kernels' dtype for heads of `dtype`, contiguous: a no-op on angles
-    already converted, so that the backward reuses the forward's."""
+    """align (P, qa, kb) with the angles in the kernels' dtype for heads of `dtype` (their accumulation's,
+    guards.state_dtype), contiguous: a no-op on angles already converted, so that the backward reuses the forward's."""
     if align is None:
         return None
     order, *angles = align
-    return (order, *(x.to(_angle_dtype(dtype)).contiguous() for x in angles))
+    return (order, *(x.to(state_dtype(dtype)).contiguous() for x in angles))
 
 
 def _strides(*tensors):
