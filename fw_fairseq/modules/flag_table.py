@@ -147,7 +147,7 @@ FLAGS = (
          "odd K >= 3 (default 3 for translation)", dict(type=parse_encoder_conv, metavar="K"),
          dict(translation=3, lm=0), before=0, recorded=lambda blocks: "encoder" in blocks.places, unrecorded="0"),
     # A long source's read stops being an average: DPFP-2 with P = 4 over three seeds of the demo preset
-    # (results/compare_attention/long_outputs, docs/long_outputs.md#aligned-cross-attention)
+    # (results/compare_attention/long_outputs, docs/long_outputs_aligned.md)
     Flag("--fw-cross-align", "cross_align", "the fast-weight cross-attention weighs each source position by "
          "cos^(2P) of half its angle to the target position's (angles pi*position/source length; beyond the "
          "paper): 0 (off, the paper) or P >= 1, narrower as P grows; its d_dot is (2P+1) times wider, and it "
