@@ -5,6 +5,15 @@ scripts/convert/convert_study.py converts a softmax model into some of them.
 """
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
+
+
+def last_layer_sum(rule):
+    """A --fw-decoder-rule per layer: `rule` in every decoder layer but the last, the sum rule there (spelled out
+    for a preset's depth by config_flags)."""
+    return lambda layers: ",".join([rule] * (layers - 1) + ["sum"])
+
+
+DELTA_THEN_SUM, DELTAZ_THEN_SUM = last_layer_sum("delta"), last_layer_sum("delta_z")
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
 # (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
 # only, where decoding cost grows with the output).
@@ -95,16 +104,13 @@ CONFIGS = {
                                                lambda layers: ",".join(["sum"] + ["delta"] * (layers - 1)),
                                                "--fw-delta-norm", "l2", *CONV3]),
     "dpfp2-delta-sum-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                               lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
-                                               "--fw-delta-norm", "l2", *CONV3]),
+                                               DELTA_THEN_SUM, "--fw-delta-norm", "l2", *CONV3]),
     # the sum rule in the last decoder layer above the sum-normalised delta rule, plain or with its z column: the
     # last layer's rule decides whether a translation runs away (docs/long_outputs.md)
     "dpfp2-delta-sum-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                            lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
-                                            "--fw-delta-norm", "sum", *CONV3]),
+                                            DELTA_THEN_SUM, "--fw-delta-norm", "sum", *CONV3]),
     "dpfp2-deltaz-sum-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                             lambda layers: ",".join(["delta_z"] * (layers - 1) + ["sum"]),
-                                             "--fw-delta-norm", "sum", *CONV3]),
+                                             DELTAZ_THEN_SUM, "--fw-delta-norm", "sum", *CONV3]),
     "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
     "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
     # the learned maps of converted softmax models (scripts/convert/convert_study.py trains them from scratch too)
@@ -141,8 +147,8 @@ CONFIGS = {
     # the aligned read below the decoder that starts fewest loops without it (the sum rule last above the
     # sum-normalised delta rule: 4.3% of the long translations loop after 600 updates of the demo preset, softmax 5.3%)
     "dpfp2-delta-sum-dec-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                                   lambda layers: ",".join(["delta"] * (layers - 1) + ["sum"]),
-                                                   "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3]),
+                                                   DELTA_THEN_SUM, "--fw-delta-norm", "sum", "--fw-cross-align", "4",
+                                                   *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
