@@ -121,6 +121,9 @@ def _resumed_curve(log):
 
 
 LENPEN = 0.6  # fairseq-generate's --lenpen for every model (the WMT recipe's), unless tune_lenpen picks one
+# fairseq-generate's --max-len-a and --max-len-b: catalog messages are short, so a rambling hypothesis stops at
+# 1.2 x source + 10 tokens
+MAX_LEN_A, MAX_LEN_B = 1.2, 10
 
 
 def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None, extra=()):
@@ -129,8 +132,7 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None,
     args = [*fairseq_cli("generate"), data, "--user-dir", REPO / "fw_fairseq", "--path", checkpoint,
             "--gen-subset", subset, "--beam", "4", "--lenpen", str(lenpen), "--batch-size", "64",
             "--required-batch-size-multiple", "1", "--remove-bpe",
-            # catalog messages are short: stop a rambling hypothesis at 1.2 x source + 10 tokens
-            "--max-len-a", "1.2", "--max-len-b", "10", *extra]
+            "--max-len-a", MAX_LEN_A, "--max-len-b", MAX_LEN_B, *extra]
     with open(out, "w") as sink:
         proc = subprocess.run([str(a) for a in args], stdout=sink, stderr=subprocess.STDOUT, env=_environment(threads))
     if proc.returncode != 0:
@@ -138,6 +140,22 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None,
     hyps = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", Path(out).read_text(), flags=re.M))
     detok = MosesDetokenizer(lang="de")
     return [detok.detokenize(hyps[str(i)].split()) for i in range(len(hyps))]
+
+
+def at_length_limit(generate_out, data, subset):
+    """The number of translations in fairseq-generate's output `generate_out` (of `subset` of the data-bin `data`)
+    that ran to their own source's length limit, int(MAX_LEN_A x source tokens + MAX_LEN_B) subword tokens (the
+    source's end of sentence counted, as fairseq counts it), where generation cuts a translation that has not ended.
+    fairseq sets one limit per batch, its longest source's; a translation that passed its own limit and ended below
+    its batch's is counted too."""
+    # fairseq takes seconds to import, and only this count reads its binarised data
+    from fairseq.data import indexed_dataset
+    # one size per sentence, its end of sentence included: the src_tokens length fairseq's limit is taken from
+    dataset = indexed_dataset.make_dataset(str(Path(data) / f"{subset}.en-de.en"), impl="mmap")
+    sources = dataset.sizes.tolist()  # a copy: the sizes are a view of the file, unmapped with the dataset
+    # P-{id}: a score per generated token, the end of sentence included
+    scores = re.findall(r"^P-(\d+)\t(.*)$", Path(generate_out).read_text(), flags=re.M)
+    return sum(len(tokens.split()) - 1 >= int(MAX_LEN_A * sources[int(i)] + MAX_LEN_B) for i, tokens in scores)
 
 
 def score(hypotheses, references):
@@ -166,12 +184,24 @@ def _count_in_tokens(work, record):
     return bool(parts)
 
 
+def _count_at_limit(work, name, record):
+    """Adds at_length_limit to the record's profiles that lack it, where the work directory kept the translations'
+    fairseq-generate output; whether it added one."""
+    parts = [(part, out, split) for part, out, split in
+             ((record, work / f"generate.{name}.txt", "test"),
+              (record.get("long"), work / f"generate.{name}.test_long.txt", "test_long"))
+             if part and "profile" in part and "at_limit" not in part["profile"] and out.is_file()]
+    for part, out, split in parts:
+        part["profile"]["at_limit"] = at_length_limit(out, work / "data-bin", split)
+    return bool(parts)
+
+
 def measure_lengths(work, name, threads=None, checkpoint=None):
     """The run's record with "profile" (length_profile of its test translations, where raw/ has their sources) and,
     where the work directory has the long split, "long": test_long translated (beam 4, --lenpen LENPEN), score()
     and length_profile() of it, and its hypotheses. Adds them to records made before they existed (translating
-    test_long from the run's checkpoint), and the count in tokens to profiles without it (_count_in_tokens); a
-    record that has them all is returned as it is."""
+    test_long from the run's checkpoint), and the counts in tokens and at the length limit to profiles without them
+    (_count_in_tokens, _count_at_limit); a record that has them all is returned as it is."""
     work = Path(work)
     record_file = work / "runs" / f"{name}.json"
     record = json.loads(record_file.read_text())
@@ -190,6 +220,7 @@ def measure_lengths(work, name, threads=None, checkpoint=None):
                           "hypotheses": hypotheses}
         changed = True
     changed = _count_in_tokens(work, record) or changed
+    changed = _count_at_limit(work, name, record) or changed
     if changed:
         record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
     return record

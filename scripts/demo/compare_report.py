@@ -55,9 +55,14 @@ def _mean_profile(profiles):
                         for name in names},
             "n": profiles[0]["n"], "repetition_rate": _mean([p["repetition_rate"] for p in profiles]),
             "over_twice": _mean([p["over_twice"] for p in profiles]), "runs": len(profiles),
-            # older runs counted words only: a mean of the runs that have a count in tokens would not be the row's
-            "over_twice_tokens": (_mean([p["over_twice_tokens"] for p in profiles])
-                                  if all("over_twice_tokens" in p for p in profiles) else None)}
+            "over_twice_tokens": _mean_of_all(profiles, "over_twice_tokens"),
+            "at_limit": _mean_of_all(profiles, "at_limit")}
+
+
+def _mean_of_all(profiles, key):
+    """The mean of a count over the runs, None where a run made before the count existed lacks it: a mean of the
+    others would not be the row's."""
+    return _mean([p[key] for p in profiles]) if all(key in p for p in profiles) else None
 
 
 def paired(row, ref):
@@ -182,13 +187,19 @@ def by_source_length(rows):
         return []
     first = next(row["profiles"][splits[0]] for row in rows.values() if row["profiles"][splits[0]])
     names = list(first["buckets"])
+    # the count at the length limit where a row has it: the reports made before it keep their columns
+    limit = any(row["profiles"][split] and row["profiles"][split]["at_limit"] is not None
+                for row in rows.values() for split in splits)
     lines = ["", "Lengths by source length (English words; BLEU, then the translations' length over the references' "
                  "in sacreBLEU's tokens), the share of translations that loop (a token or an n-gram, n ≤ 4, 4 times "
                  "in a row) and the number longer than twice their reference, in words and in tokens (both sides "
-                 "tokenised as the corpus is: a detokenised `» %c «` is three words); means over the seeds:", "",
+                 "tokenised as the corpus is: a detokenised `» %c «` is three words)"
+             + (", and the number that ran to the length limit (1.2 × their source's subword tokens + 10, where "
+                "generation cuts a translation that has not ended)" if limit else "") + "; means over the seeds:", "",
              "| configuration | split | " + " | ".join(f"BLEU {n}" for n in names) + " | "
-             + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference | in tokens |",
-             "|---|---|" + "---:|" * (2 * len(names) + 3)]
+             + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference | in tokens |"
+             + (" at the limit |" if limit else ""),
+             "|---|---|" + "---:|" * (2 * len(names) + 3 + limit)]
     for split in splits:
         for name, row in rows.items():
             profile = row["profiles"][split]
@@ -200,7 +211,8 @@ def by_source_length(rows):
                          + " | ".join(_number(buckets[n]["bleu"]) for n in names) + " | "
                          + " | ".join(_number(buckets[n]["length_ratio"], 3) for n in names) + " | "
                          + f"{100 * profile['repetition_rate']:.1f}% | {_number(profile['over_twice'], 1)} of "
-                           f"{profile['n']} | {_number(profile.get('over_twice_tokens'), 1)} |")
+                           f"{profile['n']} | {_number(profile.get('over_twice_tokens'), 1)} |"
+                         + (f" {_number(profile.get('at_limit'), 1)} |" if limit else ""))
     if "test_long" in splits:
         lines += ["", "The long split as a whole (sacreBLEU, length ratio): " + "; ".join(
             f"{name} {_number(row['long_bleu'])} ({_number(row['long_length_ratio'], 3)})"

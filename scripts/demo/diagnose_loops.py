@@ -35,7 +35,7 @@ from loop_reads import analyse_reads, mean_layers, teacher_forced
 
 REPO = Path(__file__).resolve().parents[2]
 
-LENPEN, BEAM, MAX_LEN_A, MAX_LEN_B = attention_runs.LENPEN, 4, 1.2, 10
+LENPEN, BEAM, MAX_LEN_A, MAX_LEN_B = attention_runs.LENPEN, 4, attention_runs.MAX_LEN_A, attention_runs.MAX_LEN_B
 
 
 def load(checkpoint, data, subset):

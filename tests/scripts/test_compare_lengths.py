@@ -178,3 +178,45 @@ def test_measure_lengths_counts_in_tokens_where_a_record_counted_words_only(tmp_
 ])
 def test_the_span_of_a_loop_is_where_it_repeats(pieces, span):
     assert translation_lengths.loop_span(pieces) == span
+
+
+def _binarised_sources(data, subset, sizes):
+    """data/{subset}.en-de.en as fairseq-preprocess writes it (mmap): a sentence of each size, its end of sentence
+    included."""
+    import torch
+    from fairseq.data import indexed_dataset
+    prefix = str(data / f"{subset}.en-de.en")
+    builder = indexed_dataset.make_builder(prefix + ".bin", impl="mmap", vocab_size=100)
+    for size in sizes:
+        builder.add_item(torch.full((size,), 4, dtype=torch.int32))
+    builder.finalize(prefix + ".idx")
+
+
+def test_at_length_limit_counts_the_translations_that_ran_to_their_sources_limit(tmp_path):
+    # sources of 4 and 9 tokens: limits int(1.2 x 4 + 10) = 14 and int(1.2 x 9 + 10) = 20 tokens
+    _binarised_sources(tmp_path, "test_long", [4, 9])
+    out = tmp_path / "generate.txt"
+
+    def scores(sentence, tokens):  # a score per token and one for the end of sentence, as fairseq-generate prints
+        return f"H-{sentence}\t-1.0\tx\nP-{sentence}\t" + " ".join(["-0.5"] * (tokens + 1)) + "\n"
+    out.write_text(scores(0, 14) + scores(1, 19))  # the first at its limit, the second one token short of it
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
+    out.write_text(scores(1, 20) + scores(0, 13))  # in fairseq's order (by length), not the split's
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
+    out.write_text(scores(0, 30) + scores(1, 25))  # past its own limit, below its batch's (20 x 1.2 + 10): counted
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 2
+
+
+def test_measure_lengths_counts_at_the_limit_from_the_work_directorys_generate_output(tmp_path):
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "data-bin").mkdir()
+    (tmp_path / "raw/test.de").write_text("ein Satz\n")
+    _binarised_sources(tmp_path / "data-bin", "test", [3])  # a limit of int(1.2 x 3 + 10) = 13 tokens
+    record = {"hypotheses": ["ein Satz"], "profile": {"n": 1, "over_twice": 0, "over_twice_tokens": 0}}
+    (tmp_path / "runs/run.json").write_text(json.dumps(record))
+    assert "at_limit" not in attention_runs.measure_lengths(tmp_path, "run")["profile"]  # no generate output kept
+    (tmp_path / "generate.run.txt").write_text("P-0\t" + " ".join(["-0.1"] * 14) + "\n")
+    record = attention_runs.measure_lengths(tmp_path, "run")
+    assert record["profile"]["at_limit"] == 1
+    assert json.loads((tmp_path / "runs/run.json").read_text()) == record
