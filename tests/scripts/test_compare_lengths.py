@@ -101,6 +101,16 @@ def test_the_report_shows_lengths_by_bucket_loops_and_the_long_split():
     del results["runs"][2]["long"]["profile"]["over_twice_tokens"]  # a run that counted words only: no mean
     assert "| 20.0% | 30.0 of 100 | – |" in compare_report.table(results)
     assert "| softmax | test (10/10/0) |" in text and "| softmax | test_long" not in text
+    assert "at the limit" not in text  # no run counted at the length limit: the report keeps its columns
+    for run in results["runs"]:
+        for profile in (run["profile"], run.get("long", {}).get("profile")):
+            if profile:
+                profile["at_limit"] = profile["over_twice"] // 4
+    limited = compare_report.table(results)
+    assert "| loops | > 2× reference | in tokens | at the limit |" in limited
+    assert "| 20.0% | 30.0 of 100 | – | 7.5 |" in limited  # (10 + 5) / 2 at the limit
+    del results["runs"][2]["profile"]["at_limit"]  # a run made before the count: no mean
+    assert "| 3.0% | 2.0 of 100 | 0.5 | – |" in compare_report.table(results)
     assert "The long split as a whole (sacreBLEU, length ratio): delta 10.00 (1.500)." in text
     for run in results["runs"]:  # results recorded before the lengths were measured: no section
         del run["profile"]
