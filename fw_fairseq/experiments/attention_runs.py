@@ -126,6 +126,12 @@ LENPEN = 0.6  # fairseq-generate's --lenpen for every model (the WMT recipe's), 
 MAX_LEN_A, MAX_LEN_B = 1.2, 10
 
 
+def length_limit(source_tokens):
+    """The most tokens fairseq-generate gives a translation of a source of `source_tokens` subword tokens (its end of
+    sentence counted), the end of sentence not counted: it forces the end of sentence after them."""
+    return int(MAX_LEN_A * source_tokens + MAX_LEN_B)
+
+
 def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None, extra=()):
     """fairseq-generate (beam 4) on a split (torch threads: `threads`, else torch's default; `extra`: more
     fairseq-generate flags); returns the detokenised hypotheses in the split's order."""
@@ -144,8 +150,7 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None,
 
 def at_length_limit(generate_out, data, subset):
     """The number of translations in fairseq-generate's output `generate_out` (of `subset` of the data-bin `data`)
-    that ran to their own source's length limit, int(MAX_LEN_A x source tokens + MAX_LEN_B) subword tokens (the
-    source's end of sentence counted, as fairseq counts it), where generation cuts a translation that has not ended.
+    that ran to their own source's length_limit, where generation cuts a translation that has not ended.
     fairseq sets one limit per batch, its longest source's; a translation that passed its own limit and ended below
     its batch's is counted too."""
     # fairseq takes seconds to import, and only this count reads its binarised data
@@ -155,7 +160,7 @@ def at_length_limit(generate_out, data, subset):
     sources = dataset.sizes.tolist()  # a copy: the sizes are a view of the file, unmapped with the dataset
     # P-{id}: a score per generated token, the end of sentence included
     scores = re.findall(r"^P-(\d+)\t(.*)$", Path(generate_out).read_text(), flags=re.M)
-    return sum(len(tokens.split()) - 1 >= int(MAX_LEN_A * sources[int(i)] + MAX_LEN_B) for i, tokens in scores)
+    return sum(len(tokens.split()) - 1 >= length_limit(sources[int(i)]) for i, tokens in scores)
 
 
 def score(hypotheses, references):

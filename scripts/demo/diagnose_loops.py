@@ -103,7 +103,7 @@ def error_case(model64, task, i, sources, refs, hyps32, text, raw_src, raw_ref):
         s, e = span
         case["loop_token_prob"] = float(lp_hyp[s:e].exp().mean())
         case["loop_length"] = e - s
-        case["ends_at_max_length"] = hyp.numel() >= int(MAX_LEN_A * src.numel() + MAX_LEN_B)
+        case["ends_at_max_length"] = hyp.numel() >= attention_runs.length_limit(src.numel())
         case["loop_start_of_ref_tokens"] = s / ref.numel()
     return case
 
