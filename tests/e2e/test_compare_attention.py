@@ -1,6 +1,7 @@
 """scripts/demo/compare_attention.py's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
 updates with a validation curve and a progress bar, scoring, and re-runs that reuse finished runs."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     stored = json.loads((work / "runs/run.json").read_text())
     assert attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10) == stored  # reused
     assert 0 < stored["bp"] <= 1 and stored["length_ratio"] > 0 and len(stored["precisions"]) == 4
+    _check_the_length_limit(work)
 
     # the length penalty: picked by BLEU on the valid split, the test split translated with it
     tuned = attention_runs.tune_lenpen(work, "run", [2.0, 0.6])["tuned"]
@@ -55,6 +57,19 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     (work / "generate.run.valid.lp0.6.txt").unlink()
     assert attention_runs.tune_lenpen(work, "run", [0.6, 2.0])["tuned"] == tuned  # kept: nothing translated again
     assert not (work / "generate.run.valid.lp0.6.txt").exists()
+
+
+def _check_the_length_limit(work):
+    """The test split's 20 sentences are one batch, whose limit fairseq-generate takes from its longest source: no
+    translation passes it, and at_length_limit counts every translation cut there."""
+    from fairseq.data import indexed_dataset
+    dataset = indexed_dataset.make_dataset(str(work / "data-bin/test.en-de.en"), impl="mmap")
+    batch_limit = attention_runs.length_limit(int(dataset.sizes.max()))
+    lengths = [len(scores.split()) - 1 for scores in  # a score per token, the end of sentence's included
+               re.findall(r"^P-\d+\t(.*)$", (work / "generate.run.txt").read_text(), flags=re.M)]
+    assert len(lengths) == 20 and max(lengths) <= batch_limit
+    counted = attention_runs.at_length_limit(work / "generate.run.txt", work / "data-bin", "test")
+    assert lengths.count(batch_limit) <= counted <= 20
 
 
 @pytest.mark.parametrize("argv,message", [
