@@ -213,7 +213,8 @@ def test_at_length_limit_counts_the_translations_that_ran_to_their_sources_limit
     assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
     out.write_text(scores(1, 20) + scores(0, 13))  # in fairseq's order (by length), not the split's
     assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
-    out.write_text(scores(0, 30) + scores(1, 25))  # past its own limit, below its batch's (20 x 1.2 + 10): counted
+    # the first past its own limit (14) and ended below its batch's (the longer source's 20): counted too
+    out.write_text(scores(0, 17) + scores(1, 20))
     assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 2
 
 
