@@ -149,6 +149,15 @@ CONFIGS = {
     "dpfp2-delta-sum-dec-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                    DELTA_THEN_SUM, "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                    *CONV3]),
+    # a causal convolution over the decoder's own last 3 values beside its read (--fw-decoder-conv 3): a token repeated
+    # after itself reads almost what the first one read from the fast weights, where softmax can read the position
+    # before; the convolution hands each position the last values as they are (docs/long_outputs.md)
+    "dpfp2-sum-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3]),
+    "dpfp2-delta-dec-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                               "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3]),
+    "dpfp2-delta-dec-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                                      "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
+                                                      "--fw-decoder-conv", "3", *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

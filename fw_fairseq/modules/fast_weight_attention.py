@@ -31,7 +31,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.modules.flag_table import GATE_BIAS_INIT
 from fw_fairseq.modules.cross_align import aligned_read, aligned_step
-from fw_fairseq.modules.encoder_conv import EncoderConv
+from fw_fairseq.modules.value_conv import DecoderConv, EncoderConv
 from fw_fairseq.modules.output_gate import OutputGate
 from fw_fairseq.decoding.block import Block
 from fw_fairseq.decoding.buffer_order import reorder_buffer
@@ -101,6 +101,8 @@ class FastWeightAttention(nn.Module):
         self.output_gate = OutputGate(gate, embed_dim, num_heads) if gate != "none" else None
         conv = config.encoder_conv if self.path == ENCODER else 0  # --fw-encoder-conv
         self.encoder_conv = EncoderConv(embed_dim, conv) if conv else None
+        conv = config.decoder_conv if self.path == CAUSAL else 0  # --fw-decoder-conv
+        self.decoder_conv = DecoderConv(embed_dim, conv) if conv else None
         # Each scalar (beta, alpha) belongs to a written position, so it reads the key-side input;
         # `beta_proj` / `alpha_proj` by name, the checkpoints' parameter names.
         for name in self.rule.scalars:
@@ -255,6 +257,9 @@ class FastWeightAttention(nn.Module):
             o = self._merge(o, q.dtype)  # [T, B, C]
         if self.encoder_conv is not None:  # only on the encoder path, where query, key and value are one x
             o = o + self.encoder_conv(projected.v, key_padding_mask)
+        elif self.decoder_conv is not None:  # only on the causal path, likewise
+            o = o + (self.decoder_conv(projected.v, key_padding_mask) if buffer is None
+                     else self.decoder_conv.step(buffer, projected.v))
         return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
 
     # ------------------------------------------------------------ beam search

@@ -90,6 +90,7 @@ class FastWeightConfig:
     favor_redraw: str = "batch"
     output_gate: str = "none"
     encoder_conv: int = 0  # --fw-encoder-conv's width, 0 for none
+    decoder_conv: int = 0  # --fw-decoder-conv's width, 0 for none
     t2r_features: int = 32  # --fw-t2r-features: T2R's K
     hedgehog_trainable: bool = False  # --fw-hedgehog-trainable
     cross_align: int = 0  # --fw-cross-align's P, 0 for none

@@ -146,6 +146,10 @@ FLAGS = (
          "its values to its read (beyond the paper; FLatten Transformer, Han et al. 2023): 0 (off, the paper) or an "
          "odd K >= 3 (default 3 for translation)", dict(type=parse_encoder_conv, metavar="K"),
          dict(translation=3, lm=0), before=0, recorded=lambda blocks: "encoder" in blocks.places, unrecorded="0"),
+    Flag("--fw-decoder-conv", "decoder_conv", "decoder self-attention adds a causal depthwise convolution of width "
+         "K over its values (the position and the K - 1 before it) to its read (beyond the paper): 0 (off, the "
+         "default) or K >= 1", dict(type=int_at_least("--fw-decoder-conv", 0), metavar="K"),
+         dict(translation=0, lm=0), before=0, recorded=lambda blocks: "decoder" in blocks.places, unrecorded="0"),
     # A long source's read stops being an average: DPFP-2 with P = 4 over three seeds of the demo preset
     # (results/compare_attention/long_outputs, docs/long_outputs_aligned.md)
     Flag("--fw-cross-align", "cross_align", "the fast-weight cross-attention weighs each source position by "

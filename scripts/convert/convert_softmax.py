@@ -142,7 +142,7 @@ def dictionaries(weights, teacher, data, path):
 
 def start_new_parameter(name, tensor):
     """A parameter the teacher lacks, as close to the teacher as it can start (in place)."""
-    if ".encoder_conv." in name:
+    if ".encoder_conv." in name or ".decoder_conv." in name:
         tensor.zero_()  # the convolution adds nothing: the block reads what the attention reads
     elif ".output_gate.proj." in name:
         tensor.fill_(GATE_BIAS_INIT if name.endswith(".bias") else 0.0)  # sigma(5) = 0.993: the gate open

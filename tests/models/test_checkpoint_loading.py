@@ -49,13 +49,14 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-favor-redraw": "never",  # never: the translation models' default
         "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
-        "--fw-cross-align": "0"}
+        "--fw-decoder-conv": "0", "--fw-cross-align": "0"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
-        "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-cross-align": "0"}
+        "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0",
+        "--fw-cross-align": "0"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
 
@@ -66,7 +67,7 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
     mixed = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "dpfp",
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
              "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
-             "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-cross-align": "0"}
+             "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0", "--fw-cross-align": "0"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
         model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",
@@ -192,6 +193,21 @@ def test_another_encoder_conv_is_refused_and_records_from_before_it_mean_none():
     # no fast-weight encoder: nothing to record
     softmax_encoder, _ = build_model(fw + ["--fw-attention", "decoder,cross"])
     assert "--fw-encoder-conv" not in decode(softmax_encoder.state_dict()[RECORD])
+
+
+def test_another_decoder_conv_is_refused_and_records_from_before_it_mean_none():
+    from factories import build_model
+
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    convolved, _ = build_model(fw + ["--fw-decoder-conv", "3"])
+    with pytest.raises(SystemExit, match=r"trained with --fw-decoder-conv 3, not 0"):
+        build_model(fw)[0].load_state_dict(convolved.state_dict())
+    state = recorded_before(build_model(fw)[0], "--fw-decoder-conv")
+    build_model(fw, seed=1)[0].load_state_dict(state)  # from before the flag: no convolution
+    with pytest.raises(SystemExit, match=r"--fw-decoder-conv 0, not 2"):
+        build_model(fw + ["--fw-decoder-conv", "2"])[0].load_state_dict(state)
+    softmax_decoder, _ = build_model(fw + ["--fw-attention", "encoder,cross"])
+    assert "--fw-decoder-conv" not in decode(softmax_decoder.state_dict()[RECORD])
 
 
 def test_another_cross_align_is_refused_and_records_from_before_it_mean_none():

@@ -56,6 +56,7 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-output-gate", "none:cross", "allowed: none, channel, head or rms"),
     ("--fw-encoder-conv", "4", "allowed: 0 (off) or an odd width >= 3"),
     ("--fw-encoder-conv", "wide", "allowed: 0 (off) or an odd width >= 3"),
+    ("--fw-decoder-conv", "-1", "allowed: an integer >= 0"),
     ("--fw-cross-align", "-1", "allowed: an integer >= 0"),
     ("--fw-cross-align", "two", "allowed: an integer >= 0"),
 ])

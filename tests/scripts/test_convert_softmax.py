@@ -59,16 +59,17 @@ def _load(path):
 
 def test_shared_parameters_are_copied_and_new_ones_start_as_the_teacher(teacher):
     work, data, source = teacher
-    done = _convert(source, work / "conv_gate.pt", "--data", str(data), *T2R, "--fw-output-gate", "channel")
+    done = _convert(source, work / "conv_gate.pt", "--data", str(data), *T2R, "--fw-output-gate", "channel",
+                    "--fw-decoder-conv", "2")
     assert done.returncode == 0, done.stderr
     before, after = _load(source), _load(work / "conv_gate.pt")
     assert after["cfg"]["model"].arch == "transformer_fw_big" and after["cfg"]["model"].fw_feature_map == "t2r"
     for name, tensor in before["model"].items():
         assert torch.equal(after["model"][name], tensor.to(after["model"][name].dtype)), name
     new = set(after["model"]) - set(before["model"])
-    assert any(".encoder_conv." in n for n in new) and any(".output_gate." in n for n in new)
+    assert all(any(f".{part}." in n for n in new) for part in ("encoder_conv", "decoder_conv", "output_gate"))
     for name in new:
-        if ".encoder_conv." in name or name.endswith("output_gate.proj.weight"):
+        if ".encoder_conv." in name or ".decoder_conv." in name or name.endswith("output_gate.proj.weight"):
             assert (after["model"][name] == 0).all(), name
         elif name.endswith("output_gate.proj.bias"):
             assert (torch.sigmoid(after["model"][name]) > 0.99).all(), name
