@@ -66,10 +66,12 @@ def _mean_of_all(profiles, key):
 
 
 def paired(row, ref):
-    """row's mean BLEU over its seeds / the reference's mean over those seeds (None if it lacks one)."""
+    """row's mean BLEU over its seeds / the reference's mean over those seeds (None if it lacks one, or scored 0:
+    a model trained too briefly to translate)."""
     if not set(row["seeds"]) <= set(ref["seeds"]):
         return None
-    return row["bleu"] / statistics.fmean(ref["bleu_by_seed"][s] for s in row["seeds"])
+    mean = statistics.fmean(ref["bleu_by_seed"][s] for s in row["seeds"])
+    return row["bleu"] / mean if mean > 0 else None
 
 
 def _ratio_text(value):

@@ -231,3 +231,9 @@ def test_measure_lengths_counts_at_the_limit_from_the_work_directorys_generate_o
     record = attention_runs.measure_lengths(tmp_path, "run")
     assert record["profile"]["at_limit"] == 1
     assert json.loads((tmp_path / "runs/run.json").read_text()) == record
+
+
+def test_a_reference_that_scored_nothing_gives_no_ratio():
+    row = {"bleu": 0.4, "seeds": [1]}
+    assert compare_report.paired(row, {"seeds": [1], "bleu_by_seed": {1: 0.0}}) is None
+    assert compare_report.paired(row, {"seeds": [1], "bleu_by_seed": {1: 0.2}}) == pytest.approx(2.0)
