@@ -158,6 +158,10 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                       "--fw-decoder-conv", "3", *CONV3]),
+    # a wider window (5): a loop of subwords such as "@-@ KEY @-@ KEY" repeats with a period above 3
+    "dpfp2-delta-dec-align4-dconv5-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                                      "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
+                                                      "--fw-decoder-conv", "5", *CONV3]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
