@@ -90,6 +90,21 @@ def decode_step_by_step(model, tokens, encoder_out=None, incremental_state=None)
     return torch.cat(steps, dim=1)
 
 
+def check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, state, steps):
+    """Beam search's reorders and decoding steps on `state` (decoded up to the first step's position): for each
+    (t, new_order) of `steps`, the reorder (None: none) then the step at position t, whose logits must equal the
+    forward over the whole reordered prefix."""
+    order = torch.arange(src.size(0))
+    for t, new_order in steps:
+        if new_order is not None:
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            order = order[new_order]
+        logits, _ = model.decoder(prev[order, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        full, _ = model(src[order], src_lengths[order], prev[order, : t + 1])
+        torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
+
+
 def block_pair(embed_dim, num_heads, with_option, without, prefix, **block_kwargs):
     """The same FastWeightAttention block (float64, eval) built with an option (FastWeightConfig
     `with_option`) and without it (`without`), sharing every weight but the option's own (state dict

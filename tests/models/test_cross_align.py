@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from factories import build_model, decode_step_by_step, random_tokens
+from factories import build_model, check_steps_through_reorders, decode_step_by_step, random_tokens
 from fw_fairseq.decoding.block import Block
 from fw_fairseq.modules.cross_align import align_factors, aligned_read, aligned_step
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
@@ -106,18 +106,12 @@ def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_
         src[i, longest - n:] = random_tokens(d, 1, n, g)[0]
     src, src_lengths = src.repeat_interleave(beam, dim=0), torch.tensor(lengths).repeat_interleave(beam)
     prev = random_tokens(d, 3 * beam, 9, g)  # past the shortest source's length
-    state, order = {}, torch.arange(3 * beam)
+    state = {}
     encoder_out = model.encoder(src, src_lengths=src_lengths)
     decode_step_by_step(model, prev[:, :4], encoder_out, state)
-    for t, new_order in [(4, torch.tensor([1, 0, 3, 2, 4, 5])), (5, torch.tensor([0, 2, 3, 1, 4, 5])),
-                         (6, None), (7, None), (8, None)]:
-        if new_order is not None:
-            model.decoder.reorder_incremental_state_scripting(state, new_order)
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
-            order = order[new_order]
-        logits, _ = model.decoder(prev[order, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        full, _ = model(src[order], src_lengths[order], prev[order, : t + 1])
-        torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
+    check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, state,
+                                 [(4, torch.tensor([1, 0, 3, 2, 4, 5])), (5, torch.tensor([0, 2, 3, 1, 4, 5])),
+                                  (6, None), (7, None), (8, None)])
 
 
 def test_recorded_where_the_cross_attention_has_fast_weights():

@@ -5,7 +5,8 @@ block without it."""
 import pytest
 import torch
 
-from factories import block_pair, build_model, decode_step_by_step, random_tokens
+from factories import (block_pair, build_model, check_steps_through_reorders, decode_step_by_step,
+                       random_tokens)
 from fw_fairseq.modules import FastWeightConfig
 from fw_fairseq.modules.value_conv import DepthwiseConv
 
@@ -88,14 +89,9 @@ def test_the_decoder_convolution_decodes_as_it_trains_through_beam_reorders(rule
     g = torch.Generator().manual_seed(5)
     src, prev = random_tokens(d, 4, 6, g), random_tokens(d, 4, 8, g)
     src_lengths = torch.full((4,), 6)
-    encoder_out, state, order = model.encoder(src, src_lengths=src_lengths), {}, torch.arange(4)
+    encoder_out, state = model.encoder(src, src_lengths=src_lengths), {}
     torch.testing.assert_close(decode_step_by_step(model, prev[:, :4], encoder_out, state),
                                model(src, src_lengths, prev[:, :4])[0], rtol=1e-9, atol=1e-9)
-    for t, new_order in [(4, torch.tensor([1, 0, 3, 3])), (5, None), (6, torch.tensor([2, 0, 1, 3])), (7, None)]:
-        if new_order is not None:
-            model.decoder.reorder_incremental_state_scripting(state, new_order)
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
-            order = order[new_order]
-        logits, _ = model.decoder(prev[order, : t + 1], encoder_out=encoder_out, incremental_state=state)
-        full, _ = model(src[order], src_lengths[order], prev[order, : t + 1])
-        torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
+    check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, state,
+                                 [(4, torch.tensor([1, 0, 3, 3])), (5, None), (6, torch.tensor([2, 0, 1, 3])),
+                                  (7, None)])
