@@ -18,7 +18,7 @@ from pathlib import Path
 import sacrebleu
 from sacremoses import MosesDetokenizer
 
-from fw_fairseq.experiments.translation_lengths import length_profile, over_twice_in_tokens
+from fw_fairseq.experiments.translation_lengths import length_profile, loops, loops_in_words_only, over_twice_in_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 BAR = 30  # characters of the progress bar
@@ -149,7 +149,7 @@ def translate(data, checkpoint, out, subset="test", lenpen=LENPEN, threads=None,
 
 
 def at_length_limit(generate_out, data, subset):
-    """The number of translations in fairseq-generate's output `generate_out` (of `subset` of the data-bin `data`)
+    """The ids of the translations in fairseq-generate's output `generate_out` (of `subset` of the data-bin `data`)
     that ran to their own source's length_limit, where generation cuts a translation that has not ended.
     fairseq sets one limit per batch, its longest source's; a translation that passed its own limit and ended below
     its batch's is counted too."""
@@ -160,7 +160,7 @@ def at_length_limit(generate_out, data, subset):
     sources = dataset.sizes.tolist()  # a copy: the sizes are a view of the file, unmapped with the dataset
     # P-{id}: a score per generated token, the end of sentence included
     scores = re.findall(r"^P-(\d+)\t(.*)$", Path(generate_out).read_text(), flags=re.M)
-    return sum(len(tokens.split()) - 1 >= length_limit(sources[int(i)]) for i, tokens in scores)
+    return sorted(int(i) for i, tokens in scores if len(tokens.split()) - 1 >= length_limit(sources[int(i)]))
 
 
 def score(hypotheses, references):
@@ -178,35 +178,39 @@ def has_long_split(work):
     return (Path(work) / "data-bin/test_long.en-de.de.idx").is_file()
 
 
-def _count_in_tokens(work, record):
-    """Adds over_twice_in_tokens to the record's profiles made before it existed, where the record kept their
-    translations; whether it added one."""
-    parts = [(part, split) for part, split in ((record, "test"), (record.get("long"), "test_long"))
-             if part and "hypotheses" in part and "profile" in part and "over_twice_tokens" not in part["profile"]]
-    for part, split in parts:
-        references = (work / f"raw/{split}.de").read_text().splitlines()
-        part["profile"]["over_twice_tokens"] = over_twice_in_tokens(part["hypotheses"], references)
-    return bool(parts)
+def _kept_parts(work, name, record):
+    """(profile, hypotheses or None, its fairseq-generate output, split) of the record's test and long split."""
+    return [(part["profile"], part.get("hypotheses"), work / f"generate.{name}{suffix}.txt", split)
+            for part, suffix, split in ((record, "", "test"), (record.get("long"), ".test_long", "test_long"))
+            if part and "profile" in part]
 
 
-def _count_at_limit(work, name, record):
-    """Adds at_length_limit to the record's profiles that lack it, where the work directory kept the translations'
-    fairseq-generate output; whether it added one."""
-    parts = [(part, out, split) for part, out, split in
-             ((record, work / f"generate.{name}.txt", "test"),
-              (record.get("long"), work / f"generate.{name}.test_long.txt", "test_long"))
-             if part and "profile" in part and "at_limit" not in part["profile"] and out.is_file()]
-    for part, out, split in parts:
-        part["profile"]["at_limit"] = at_length_limit(out, work / "data-bin", split)
-    return bool(parts)
+def _add_counts(work, name, record):
+    """Adds to the record's profiles the counts made after them, where the record kept their translations and the
+    work directory their fairseq-generate output: over_twice_in_tokens, the loops inside a word only
+    (loops_in_words_only), the translations at the length limit and how many of them loop. Whether it added one."""
+    changed = False
+    for profile, hypotheses, out, split in _kept_parts(work, name, record):
+        if hypotheses is not None and "over_twice_tokens" not in profile:
+            references = (work / f"raw/{split}.de").read_text().splitlines()
+            profile["over_twice_tokens"] = over_twice_in_tokens(hypotheses, references)
+            changed = True
+        if hypotheses is not None and "loops_in_words" not in profile:
+            profile["loops_in_words"], changed = loops_in_words_only(hypotheses), True
+        if out.is_file() and ("at_limit" not in profile or hypotheses is not None and "at_limit_loops" not in profile):
+            ids = at_length_limit(out, work / "data-bin", split)
+            profile["at_limit"], changed = len(ids), True
+            if hypotheses is not None:
+                profile["at_limit_loops"] = sum(loops(hypotheses[i]) for i in ids)
+    return changed
 
 
 def measure_lengths(work, name, threads=None, checkpoint=None):
     """The run's record with "profile" (length_profile of its test translations, where raw/ has their sources) and,
     where the work directory has the long split, "long": test_long translated (beam 4, --lenpen LENPEN), score()
     and length_profile() of it, and its hypotheses. Adds them to records made before they existed (translating
-    test_long from the run's checkpoint), and the counts in tokens and at the length limit to profiles without them
-    (_count_in_tokens, _count_at_limit); a record that has them all is returned as it is."""
+    test_long from the run's checkpoint), and the counts made after them to profiles without them (_add_counts); a
+    record that has them all is returned as it is."""
     work = Path(work)
     record_file = work / "runs" / f"{name}.json"
     record = json.loads(record_file.read_text())
@@ -224,8 +228,7 @@ def measure_lengths(work, name, threads=None, checkpoint=None):
         record["long"] = {**score(hypotheses, references), "profile": length_profile(hypotheses, references, sources),
                           "hypotheses": hypotheses}
         changed = True
-    changed = _count_in_tokens(work, record) or changed
-    changed = _count_at_limit(work, name, record) or changed
+    changed = _add_counts(work, name, record) or changed
     if changed:
         record_file.write_text(json.dumps(record, ensure_ascii=False, indent=1))
     return record

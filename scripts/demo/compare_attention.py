@@ -133,12 +133,13 @@ def main(argv=None):
 
 def merged(previous, results):
     """A results file `previous` with the rows of `results` (same preset and updates) added, or replacing its rows of
-    the same configuration and seed. Its wall time and jobs are those of every invocation that brought it rows."""
+    the same configuration and seed. Its wall time and jobs are those of every invocation that brought it rows; an
+    invocation that brings none (its runs stored, their counts measured again) keeps the file's machine as well."""
     rows = {(r["config"], r["seed"]): r for r in results["runs"]}
     new = rows.keys() - {(r["config"], r["seed"]) for r in previous["runs"]}
     # the file's rows in their order, a row run again in its place, the new rows after them
     runs = [rows.get((r["config"], r["seed"]), r) for r in previous["runs"]] + [rows[key] for key in rows if key in new]
-    return {**results, "runs": runs, "configs": {**previous["configs"], **results["configs"]},
+    return {**(results if new else previous), "runs": runs, "configs": {**previous["configs"], **results["configs"]},
             "seeds": sorted({r["seed"] for r in runs}),
             "wall_minutes": round(previous.get("wall_minutes", 0) + (results["wall_minutes"] if new else 0), 1),
             "jobs": merged_jobs(previous["jobs"], results["jobs"] if new else None)}

@@ -45,7 +45,8 @@ def summarise(results):
 
 def _mean_profile(profiles):
     """The mean over seeds of translation_lengths.length_profile()s (None where no run has one): per bucket the BLEU and
-    length ratio, the repetition rate and the count over twice the reference."""
+    length ratio, the repetition rate and the counts: over twice the reference, looping inside a word only, at the
+    length limit and of them looping."""
     if not profiles:
         return None
     names = list(profiles[0]["buckets"])
@@ -56,7 +57,7 @@ def _mean_profile(profiles):
             "n": profiles[0]["n"], "repetition_rate": _mean([p["repetition_rate"] for p in profiles]),
             "over_twice": _mean([p["over_twice"] for p in profiles]), "runs": len(profiles),
             "over_twice_tokens": _mean_of_all(profiles, "over_twice_tokens"),
-            "at_limit": _mean_of_all(profiles, "at_limit")}
+            **{key: _mean_of_all(profiles, key) for key in ("at_limit", "loops_in_words", "at_limit_loops")}}
 
 
 def _mean_of_all(profiles, key):
@@ -180,28 +181,44 @@ def _number(value, digits=2):
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+# counts made after the first reports, a column where a row of the report has them: (key, header, what it counts)
+LATER_COUNTS = (
+    ("loops_in_words", "loops in a word", "the share that loops inside a word only (a piece of up to 8 characters 4 "
+                                          "times in a row: a subword written again and again)"),
+    ("at_limit", "at the limit", "and the number that ran to the length limit (1.2 × their source's subword tokens "
+                                 "+ 10, where generation cuts a translation that has not ended)"),
+    ("at_limit_loops", "of them looping", "and how many of those loop, across words or inside one"))
+
+
+def _later_cell(key, profile):
+    value = profile.get(key)
+    if key == "loops_in_words" and value is not None:
+        return f"{100 * value / profile['n']:.1f}%"
+    return _number(value, 1)
+
+
 def by_source_length(rows):
     """Where runs recorded them (translation_lengths.length_profile): for the test split and the long split (test_long,
     messages of 16-40 words that no model trained on) BLEU and the length ratio per source-length bucket, the share
-    of translations with a loop and the number over twice their reference's length (means over the seeds)."""
+    of translations with a loop and the number over twice their reference's length (means over the seeds), and the
+    LATER_COUNTS where a row has them: the reports made before them keep their columns."""
     splits = [split for split in ("test", "test_long") if any(row["profiles"][split] for row in rows.values())]
     if not splits:
         return []
     first = next(row["profiles"][splits[0]] for row in rows.values() if row["profiles"][splits[0]])
     names = list(first["buckets"])
-    # the count at the length limit where a row has it: the reports made before it keep their columns
-    limit = any(row["profiles"][split] and row["profiles"][split]["at_limit"] is not None
-                for row in rows.values() for split in splits)
+    later = [(key, header, text) for key, header, text in LATER_COUNTS
+             if any(row["profiles"][split] and row["profiles"][split][key] is not None
+                    for row in rows.values() for split in splits)]
     lines = ["", "Lengths by source length (English words; BLEU, then the translations' length over the references' "
                  "in sacreBLEU's tokens), the share of translations that loop (a token or an n-gram, n ≤ 4, 4 times "
                  "in a row) and the number longer than twice their reference, in words and in tokens (both sides "
                  "tokenised as the corpus is: a detokenised `» %c «` is three words)"
-             + (", and the number that ran to the length limit (1.2 × their source's subword tokens + 10, where "
-                "generation cuts a translation that has not ended)" if limit else "") + "; means over the seeds:", "",
+             + "".join(f", {text}" for _, _, text in later) + "; means over the seeds:", "",
              "| configuration | split | " + " | ".join(f"BLEU {n}" for n in names) + " | "
              + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference | in tokens |"
-             + (" at the limit |" if limit else ""),
-             "|---|---|" + "---:|" * (2 * len(names) + 3 + limit)]
+             + "".join(f" {header} |" for _, header, _ in later),
+             "|---|---|" + "---:|" * (2 * len(names) + 3 + len(later))]
     for split in splits:
         for name, row in rows.items():
             profile = row["profiles"][split]
@@ -214,7 +231,7 @@ def by_source_length(rows):
                          + " | ".join(_number(buckets[n]["length_ratio"], 3) for n in names) + " | "
                          + f"{100 * profile['repetition_rate']:.1f}% | {_number(profile['over_twice'], 1)} of "
                            f"{profile['n']} | {_number(profile.get('over_twice_tokens'), 1)} |"
-                         + (f" {_number(profile.get('at_limit'), 1)} |" if limit else ""))
+                         + "".join(f" {_later_cell(key, profile)} |" for key, _, _ in later))
     if "test_long" in splits:
         lines += ["", "The long split as a whole (sacreBLEU, length ratio): " + "; ".join(
             f"{name} {_number(row['long_bleu'])} ({_number(row['long_length_ratio'], 3)})"

@@ -68,7 +68,7 @@ def _check_the_length_limit(work):
     lengths = [len(scores.split()) - 1 for scores in  # a score per token, the end of sentence's included
                re.findall(r"^P-\d+\t(.*)$", (work / "generate.run.txt").read_text(), flags=re.M)]
     assert len(lengths) == 20 and max(lengths) <= batch_limit
-    counted = attention_runs.at_length_limit(work / "generate.run.txt", work / "data-bin", "test")
+    counted = len(attention_runs.at_length_limit(work / "generate.run.txt", work / "data-bin", "test"))
     assert lengths.count(batch_limit) <= counted <= 20
 
 
@@ -131,7 +131,9 @@ def test_a_merged_results_file_keeps_the_wall_time_and_jobs_of_the_invocations_t
     assert [(r["config"], r["seed"], r["bleu"]) for r in merged["runs"]][0] == ("softmax", 1, 21.0)  # replaced
     assert len(merged["runs"]) == 3 and set(merged["configs"]) == {"softmax", "dpfp2-sum"}
     # an invocation that only reads stored rows the file has adds neither time nor jobs
-    again = compare_attention.merged(merged, {**results, "jobs": 3, "wall_minutes": 0.1})
+    again = compare_attention.merged(merged, {**results, "jobs": 3, "wall_minutes": 0.1, "torch": "y",
+                                              "device": "another"})
     assert (again["jobs"], again["wall_minutes"]) == ([1, 2], 42.0)
+    assert again["torch"] == "x" and "device" not in again  # the machine the rows trained on
     assert compare_attention.merged_jobs([1, 2], [2, 3]) == [1, 2, 3] and compare_attention.merged_jobs(2, 2) == 2
     assert "(1 or 2 at once)" in compare_report.table(merged)

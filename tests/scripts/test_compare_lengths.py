@@ -28,6 +28,25 @@ def test_the_repetition_detector(text, loops):
     assert translation_lengths.repeats(text.split()) is loops
 
 
+@pytest.mark.parametrize("text, loops", [
+    ("Die Datenbank @-@ CLCKKKKKKKKK", True),  # a character 4 times in a row inside a word
+    ("in der LLEEEPLUPLUPLUPLU", True),  # a piece of 3
+    ("Tardwareardwareardwareardware", True),  # a piece of 7
+    ("abcdefghiabcdefghiabcdefghiabcdefghi", False),  # a piece of 9 is beyond 8 characters
+    ("Kommata Kommata", False),
+    ("Vorlage enthält nicht XXX", False),  # 3 times is not a loop
+])
+def test_the_detector_of_a_loop_inside_a_word(text, loops):
+    assert translation_lengths.repeats_in_a_word(text) is loops
+
+
+def test_loops_inside_words_only_are_counted_apart_from_loops_across_words():
+    hypotheses = ["Die CLCKKKKKKK", "puis puis puis puis", "puis puis puis puis KKKK", "die Datei"]
+    assert translation_lengths.loops_in_words_only(hypotheses) == 1  # the third loops across words as well
+    assert [translation_lengths.loops(h) for h in hypotheses] == [True, True, True, False]
+    assert translation_lengths.length_profile(hypotheses, ["a"] * 4, ["x"] * 4)["loops_in_words"] == 1
+
+
 @pytest.mark.parametrize("words, bucket", [(1, "≤5"), (5, "≤5"), (6, "6–15"), (15, "6–15"), (16, ">15"), (40, ">15")])
 def test_source_length_buckets(words, bucket):
     assert translation_lengths.bucket_of(words) == bucket
@@ -111,6 +130,15 @@ def test_the_report_shows_lengths_by_bucket_loops_and_the_long_split():
     assert "| 20.0% | 30.0 of 100 | – | 7.5 |" in limited  # (10 + 5) / 2 at the limit
     del results["runs"][2]["profile"]["at_limit"]  # a run made before the count: no mean
     assert "| 3.0% | 2.0 of 100 | 0.5 | – |" in compare_report.table(results)
+    assert "loops in a word" not in limited and "of them looping" not in limited
+    for run in results["runs"]:
+        for profile in (run["profile"], run.get("long", {}).get("profile")):
+            if profile:
+                profile.update(loops_in_words=profile["over_twice"], at_limit_loops=profile["over_twice"] // 8)
+    looping = compare_report.table(results)
+    assert "| loops | > 2× reference | in tokens | loops in a word | at the limit | of them looping |" in looping
+    # the long split: (40 + 20) / 2 translations of 100 loop inside a word only, (5 + 2) / 2 at the limit loop
+    assert "| 20.0% | 30.0 of 100 | – | 30.0% | 7.5 | 3.5 |" in looping
     assert "The long split as a whole (sacreBLEU, length ratio): delta 10.00 (1.500)." in text
     for run in results["runs"]:  # results recorded before the lengths were measured: no section
         del run["profile"]
@@ -210,12 +238,12 @@ def test_at_length_limit_counts_the_translations_that_ran_to_their_sources_limit
     def scores(sentence, tokens):  # a score per token and one for the end of sentence, as fairseq-generate prints
         return f"H-{sentence}\t-1.0\tx\nP-{sentence}\t" + " ".join(["-0.5"] * (tokens + 1)) + "\n"
     out.write_text(scores(0, 14) + scores(1, 19))  # the first at its limit, the second one token short of it
-    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == [0]
     out.write_text(scores(1, 20) + scores(0, 13))  # in fairseq's order (by length), not the split's
-    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 1
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == [1]
     # the first past its own limit (14) and ended below its batch's (the longer source's 20): counted too
     out.write_text(scores(0, 17) + scores(1, 20))
-    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == 2
+    assert attention_runs.at_length_limit(out, tmp_path, "test_long") == [0, 1]
 
 
 def test_measure_lengths_counts_at_the_limit_from_the_work_directorys_generate_output(tmp_path):
@@ -224,13 +252,21 @@ def test_measure_lengths_counts_at_the_limit_from_the_work_directorys_generate_o
     (tmp_path / "data-bin").mkdir()
     (tmp_path / "raw/test.de").write_text("ein Satz\n")
     _binarised_sources(tmp_path / "data-bin", "test", [3])  # a limit of int(1.2 x 3 + 10) = 13 tokens
-    record = {"hypotheses": ["ein Satz"], "profile": {"n": 1, "over_twice": 0, "over_twice_tokens": 0}}
+    record = {"hypotheses": ["ein Satz KKKKKKKKKKKK"],
+              "profile": {"n": 1, "over_twice": 0, "over_twice_tokens": 0}}
     (tmp_path / "runs/run.json").write_text(json.dumps(record))
-    assert "at_limit" not in attention_runs.measure_lengths(tmp_path, "run")["profile"]  # no generate output kept
+    record = attention_runs.measure_lengths(tmp_path, "run")  # no generate output kept: no count at the limit
+    assert "at_limit" not in record["profile"] and record["profile"]["loops_in_words"] == 1
     (tmp_path / "generate.run.txt").write_text("P-0\t" + " ".join(["-0.1"] * 14) + "\n")
     record = attention_runs.measure_lengths(tmp_path, "run")
-    assert record["profile"]["at_limit"] == 1
+    assert record["profile"]["at_limit"] == 1 and record["profile"]["at_limit_loops"] == 1
     assert json.loads((tmp_path / "runs/run.json").read_text()) == record
+    # a record counted at the limit before its loops were: they are added, the count stays
+    record["profile"] = {"n": 1, "over_twice": 0, "over_twice_tokens": 0, "at_limit": 1}
+    record["hypotheses"] = ["ein Satz"]
+    (tmp_path / "runs/run.json").write_text(json.dumps(record))
+    profile = attention_runs.measure_lengths(tmp_path, "run")["profile"]
+    assert profile["at_limit"] == 1 and profile["at_limit_loops"] == 0 and profile["loops_in_words"] == 0
 
 
 def test_a_reference_that_scored_nothing_gives_no_ratio():
