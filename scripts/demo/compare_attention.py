@@ -7,7 +7,8 @@ on a quiet one; only the wall time, reported per update beside it, depends on th
 Each model also translates the long split (test_long: catalog messages of 16-40 words, none trained on;
 fw_fairseq/experiments/catalog_corpus.py), and the report gives, for the test and the long split, BLEU and the length ratio
 by source length (<= 5, 6-15, > 15 words), the share of translations that loop (a token or an n-gram of up to
-4 repeated 4 times in a row) and the number over twice their reference's length.
+4 repeated 4 times in a row), the share that loops inside a word only, the number over twice their reference's
+length, and the number cut at generation's length limit and how many of those loop.
 
     python scripts/demo/compare_attention.py [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
     python scripts/demo/compare_attention.py --report-only   # table and plot again from the stored results
