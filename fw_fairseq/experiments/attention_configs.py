@@ -158,6 +158,9 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                       "--fw-decoder-conv", "3", *CONV3]),
+    # the shipped sum rule with both: the aligned read's long-split BLEU, whose runaways the convolution may end
+    "dpfp2-sum-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4",
+                                                "--fw-decoder-conv", "3", *CONV3]),
     # a wider window (5): a loop of subwords such as "@-@ KEY @-@ KEY" repeats with a period above 3
     "dpfp2-delta-dec-align4-dconv5-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
