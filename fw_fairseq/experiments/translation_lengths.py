@@ -89,9 +89,9 @@ def length_profile(hypotheses, references, sources):
         result = sacrebleu.BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]])
         buckets[name] = {"n": len(rows), "bleu": round(result.score, 2),
                          "length_ratio": round(result.sys_len / result.ref_len, 4) if result.ref_len else None}
-    loops = sum(repeats(h.split()) for h in hypotheses)
-    return {"buckets": buckets, "n": len(hypotheses), "loops": loops,
-            "repetition_rate": round(loops / len(hypotheses), 4) if hypotheses else None,
+    across_words = sum(repeats(h.split()) for h in hypotheses)
+    return {"buckets": buckets, "n": len(hypotheses), "loops": across_words,
+            "repetition_rate": round(across_words / len(hypotheses), 4) if hypotheses else None,
             "loops_in_words": loops_in_words_only(hypotheses),
             "over_twice": sum(len(h.split()) > 2 * len(r.split()) for h, r in zip(hypotheses, references)),
             "over_twice_tokens": over_twice_in_tokens(hypotheses, references)}

@@ -181,20 +181,22 @@ def _number(value, digits=2):
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-# counts made after the first reports, a column where a row of the report has them: (key, header, what it counts)
+def _share(value, profile):
+    return "–" if value is None else f"{100 * value / profile['n']:.1f}%"
+
+
+def _count(value, profile):
+    return _number(value, 1)
+
+
+# counts made after the first reports, a column where a row of the report has them: (key, header, what it counts,
+# its cell from the value and the profile)
 LATER_COUNTS = (
     ("loops_in_words", "loops in a word", "the share that loops inside a word only (a piece of up to 8 characters 4 "
-                                          "times in a row: a subword written again and again)"),
+                                          "times in a row: a subword written again and again)", _share),
     ("at_limit", "at the limit", "and the number that ran to the length limit (1.2 × their source's subword tokens "
-                                 "+ 10, where generation cuts a translation that has not ended)"),
-    ("at_limit_loops", "of them looping", "and how many of those loop, across words or inside one"))
-
-
-def _later_cell(key, profile):
-    value = profile.get(key)
-    if key == "loops_in_words" and value is not None:
-        return f"{100 * value / profile['n']:.1f}%"
-    return _number(value, 1)
+                                 "+ 10, where generation cuts a translation that has not ended)", _count),
+    ("at_limit_loops", "of them looping", "and how many of those loop, across words or inside one", _count))
 
 
 def by_source_length(rows):
@@ -207,17 +209,17 @@ def by_source_length(rows):
         return []
     first = next(row["profiles"][splits[0]] for row in rows.values() if row["profiles"][splits[0]])
     names = list(first["buckets"])
-    later = [(key, header, text) for key, header, text in LATER_COUNTS
+    later = [(key, header, text, cell) for key, header, text, cell in LATER_COUNTS
              if any(row["profiles"][split] and row["profiles"][split][key] is not None
                     for row in rows.values() for split in splits)]
     lines = ["", "Lengths by source length (English words; BLEU, then the translations' length over the references' "
                  "in sacreBLEU's tokens), the share of translations that loop (a token or an n-gram, n ≤ 4, 4 times "
                  "in a row) and the number longer than twice their reference, in words and in tokens (both sides "
                  "tokenised as the corpus is: a detokenised `» %c «` is three words)"
-             + "".join(f", {text}" for _, _, text in later) + "; means over the seeds:", "",
+             + "".join(f", {text}" for _, _, text, _ in later) + "; means over the seeds:", "",
              "| configuration | split | " + " | ".join(f"BLEU {n}" for n in names) + " | "
              + " | ".join(f"length {n}" for n in names) + " | loops | > 2× reference | in tokens |"
-             + "".join(f" {header} |" for _, header, _ in later),
+             + "".join(f" {header} |" for _, header, _, _ in later),
              "|---|---|" + "---:|" * (2 * len(names) + 3 + len(later))]
     for split in splits:
         for name, row in rows.items():
@@ -231,7 +233,7 @@ def by_source_length(rows):
                          + " | ".join(_number(buckets[n]["length_ratio"], 3) for n in names) + " | "
                          + f"{100 * profile['repetition_rate']:.1f}% | {_number(profile['over_twice'], 1)} of "
                            f"{profile['n']} | {_number(profile.get('over_twice_tokens'), 1)} |"
-                         + "".join(f" {_later_cell(key, profile)} |" for key, _, _ in later))
+                         + "".join(f" {cell(profile.get(key), profile)} |" for key, _, _, cell in later))
     if "test_long" in splits:
         lines += ["", "The long split as a whole (sacreBLEU, length ratio): " + "; ".join(
             f"{name} {_number(row['long_bleu'])} ({_number(row['long_length_ratio'], 3)})"
