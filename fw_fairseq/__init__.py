@@ -41,4 +41,4 @@ else:
     from fw_fairseq import models  # noqa: F401  (registers transformer_fw*)
     from fw_fairseq import tasks  # noqa: F401  (registers fw_lm_stream)
     from fw_fairseq import baselines  # noqa: F401  (registers feedback_transformer_lm*)
-    from fw_fairseq import criterions  # noqa: F401  (registers fw_attention_distillation)
+    from fw_fairseq import criterions  # noqa: F401  (registers fw_attention_distillation, fw_unlikelihood)

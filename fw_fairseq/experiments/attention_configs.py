@@ -5,6 +5,7 @@ scripts/convert/convert_study.py converts a softmax model into some of them.
 """
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
+UNLIKELIHOOD = ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha", "1"]
 
 
 def last_layer_sum(rule):
@@ -165,6 +166,13 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-dconv5-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                       "--fw-decoder-conv", "5", *CONV3]),
+    # trained with token-level unlikelihood (--criterion fw_unlikelihood, alpha 1): probability put on the
+    # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs_unlikelihood.md)
+    "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),
+    "dpfp2-sum-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD]),
+    "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                   "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
+                                                   *UNLIKELIHOOD]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

@@ -1,0 +1,100 @@
+"""`--criterion fw_unlikelihood`: label-smoothed cross-entropy plus token-level unlikelihood (Welleck et al. 2020,
+"Neural Text Generation with Unlikelihood Training"), a training-side cure for a decoder that repeats itself.
+
+At each target position t the candidates C_t are the tokens of the reference's previous positions (the last
+`--unlikelihood-window` of them; 0: all), less the reference's own token y_t and padding, and the loss adds
+
+    alpha * sum_t sum_{c in C_t} -log(1 - p(c | y_<t))
+
+to label_smoothed_cross_entropy's: probability put on writing again what was already written, where the reference
+does not, is pushed down. A decoder that has started a loop ("E E E E", "den Sie den Sie") predicts its previous
+tokens; this term is what teaches it, in training, that they are unlikely.
+
+The logged `loss` and `nll_loss` are label_smoothed_cross_entropy's, so that valid losses compare with models
+trained without the term; `ul_loss` is the added term per target token, before alpha.
+"""
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (LabelSmoothedCrossEntropyCriterion,
+                                                             LabelSmoothedCrossEntropyCriterionConfig)
+
+from fw_fairseq.modules.fast_weight_flags import cli_error
+
+NAME = "fw_unlikelihood"
+ONE_MINUS_P_FLOOR = 1e-5  # -log(1 - p) at most 11.5 nats: a candidate at p = 1 gives a finite gradient
+
+
+@dataclass
+class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    unlikelihood_alpha: float = field(default=1.0, metadata={"help": "weight of the unlikelihood term, >= 0"})
+    unlikelihood_window: int = field(default=0, metadata={
+        "help": "the candidates are the reference's last N tokens before each position; 0: all of them"})
+
+
+def previous_tokens(target, pad, window=0):
+    """[B, T, D] token ids of the D positions before each position of target [B, T] (D = window, or T - 1 for
+    every one), nearest first; `pad` where a position has fewer than D before it."""
+    length = target.shape[1]
+    depth = length - 1 if window == 0 else min(window, length - 1)
+    shifted = [torch.nn.functional.pad(target[:, :length - d], (d, 0), value=pad) for d in range(1, depth + 1)]
+    return torch.stack(shifted, dim=-1) if shifted else target.new_full((*target.shape, 0), pad)  # [B, T, D]
+
+
+def candidates(target, pad, window=0):
+    """(tokens, keep), both [B, T, D]: the previous tokens of each position of target [B, T], sorted, and whether
+    each is a candidate: its first copy in the row, neither the reference's token y_t nor padding, at a position
+    that is not padding. The set of a position's candidates, without building [B, T, V]."""
+    tokens, _ = previous_tokens(target, pad, window).sort(dim=-1)  # [B, T, D]
+    first = torch.ones_like(tokens, dtype=torch.bool)
+    first[..., 1:] = tokens[..., 1:] != tokens[..., :-1]  # sorted: a repeat sits beside its first copy
+    here = target.unsqueeze(-1)  # [B, T, 1]
+    return tokens, first & (tokens != pad) & (tokens != here) & (here != pad)
+
+
+def unlikelihood(lprobs, target, pad, window=0):
+    """sum over positions and candidates of -log(1 - p(c)): lprobs [B, T, V] log-probabilities, target [B, T].
+    Only the candidates' log-probabilities are gathered ([B, T, D]), so the term costs little beside the model."""
+    tokens, keep = candidates(target, pad, window)
+    one_minus_p = (1.0 - lprobs.gather(-1, tokens).exp()).clamp_min(ONE_MINUS_P_FLOOR)  # [B, T, D]
+    return -(torch.log(one_minus_p) * keep).sum()
+
+
+@register_criterion(NAME, dataclass=UnlikelihoodConfig)
+class UnlikelihoodCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, unlikelihood_alpha=1.0, unlikelihood_window=0,
+                 ignore_prefix_size=0, report_accuracy=False):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if not unlikelihood_alpha >= 0:  # NaN included
+            raise cli_error(f"--unlikelihood-alpha must be 0 or more, got {unlikelihood_alpha}")
+        if unlikelihood_window < 0:
+            raise cli_error(f"--unlikelihood-window must be 0 (every previous token) or more, got "
+                            f"{unlikelihood_window}")
+        self.alpha, self.window = unlikelihood_alpha, unlikelihood_window
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)  # [B, T, V]
+        target = model.get_targets(sample, net_output)  # [B, T]
+        if self.ignore_prefix_size > 0:
+            lprobs, target = lprobs[:, self.ignore_prefix_size:], target[:, self.ignore_prefix_size:]
+        ul_loss = unlikelihood(lprobs, target, self.padding_idx, self.window)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, "ul_loss": ul_loss.data,
+                          "ntokens": sample["ntokens"], "nsentences": sample["target"].size(0),
+                          "sample_size": sample_size}
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"], logging_output["total"] = n_correct.item(), total.item()
+        return loss + self.alpha * ul_loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        ul_loss = sum(log.get("ul_loss", 0) for log in logging_outputs)
+        ntokens = sum(log.get("ntokens", 0) for log in logging_outputs)
+        metrics.log_scalar("ul_loss", ul_loss / max(ntokens, 1) / math.log(2), ntokens, round=3)
