@@ -170,6 +170,10 @@ CONFIGS = {
     # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs_unlikelihood.md)
     "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),
     "dpfp2-sum-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD]),
+    # the candidates only the last 4 tokens (--unlikelihood-window 4, the longest n-gram the loop count looks for):
+    # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
+    "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
+                                        "--unlikelihood-window", "4"]),
     "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                    *UNLIKELIHOOD]),
