@@ -11,7 +11,8 @@ does not, is pushed down. A decoder that has started a loop ("E E E E", "den Sie
 tokens; this term is what teaches it, in training, that they are unlikely.
 
 The logged `loss` and `nll_loss` are label_smoothed_cross_entropy's, so that valid losses compare with models
-trained without the term; `ul_loss` is the added term per target token, before alpha.
+trained without the term; `ul_loss` is the added term per target token, before alpha, in bits as fairseq logs
+its losses.
 """
 import math
 from dataclasses import dataclass, field

@@ -174,6 +174,8 @@ CONFIGS = {
     # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
     "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "4"]),
+    "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                            "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD]),
     "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                    *UNLIKELIHOOD]),
