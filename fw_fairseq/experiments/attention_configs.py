@@ -174,6 +174,9 @@ CONFIGS = {
     # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
     "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "4"]),
+    # half the weight (--unlikelihood-alpha 0.5), every previous token
+    "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
+                                       "--unlikelihood-alpha", "0.5"]),
     "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                             "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD]),
     "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
