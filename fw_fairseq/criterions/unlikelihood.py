@@ -21,7 +21,8 @@ import torch
 from fairseq import metrics
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (LabelSmoothedCrossEntropyCriterion,
-                                                             LabelSmoothedCrossEntropyCriterionConfig)
+                                                             LabelSmoothedCrossEntropyCriterionConfig,
+                                                             label_smoothed_nll_loss)
 
 from fw_fairseq.modules.fast_weight_flags import cli_error
 
@@ -38,11 +39,13 @@ class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
 
 def previous_tokens(target, pad, window=0):
     """[B, T, D] token ids of the D positions before each position of target [B, T] (D = window, or T - 1 for
-    every one), nearest first; `pad` where a position has fewer than D before it."""
+    every one), oldest first; `pad` where a position has fewer than D before it."""
     length = target.shape[1]
     depth = length - 1 if window == 0 else min(window, length - 1)
-    shifted = [torch.nn.functional.pad(target[:, :length - d], (d, 0), value=pad) for d in range(1, depth + 1)]
-    return torch.stack(shifted, dim=-1) if shifted else target.new_full((*target.shape, 0), pad)  # [B, T, D]
+    if depth == 0:
+        return target.new_full((*target.shape, 0), pad)
+    padded = torch.nn.functional.pad(target, (depth, 0), value=pad)  # [B, D + T]
+    return padded.unfold(1, depth, 1)[:, :length]  # [B, T + 1, D] windows; the one at t ends just before t
 
 
 def candidates(target, pad, window=0):
@@ -78,16 +81,16 @@ class UnlikelihoodCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def forward(self, model, sample, reduce=True):
         net_output = model(**sample["net_input"])
-        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
-        lprobs = model.get_normalized_probs(net_output, log_probs=True)  # [B, T, V]
-        target = model.get_targets(sample, net_output)  # [B, T]
-        if self.ignore_prefix_size > 0:
-            lprobs, target = lprobs[:, self.ignore_prefix_size:], target[:, self.ignore_prefix_size:]
-        ul_loss = unlikelihood(lprobs, target, self.padding_idx, self.window)
-        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        # one log-softmax for both terms: [B * T, V] and [B * T], the ignored prefix already cut
+        lprobs, target = self.get_lprobs_and_target(model, net_output, sample)
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx,
+                                                 reduce=reduce)
+        bsz = sample["target"].size(0)
+        ul_loss = unlikelihood(lprobs.view(bsz, -1, lprobs.size(-1)), target.view(bsz, -1), self.padding_idx,
+                               self.window)  # [B, T, V] and [B, T]
+        sample_size = bsz if self.sentence_avg else sample["ntokens"]
         logging_output = {"loss": loss.data, "nll_loss": nll_loss.data, "ul_loss": ul_loss.data,
-                          "ntokens": sample["ntokens"], "nsentences": sample["target"].size(0),
-                          "sample_size": sample_size}
+                          "ntokens": sample["ntokens"], "nsentences": bsz, "sample_size": sample_size}
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"], logging_output["total"] = n_correct.item(), total.item()
