@@ -1,7 +1,6 @@
 """`--criterion fw_unlikelihood` (fw_fairseq/criterions/unlikelihood.py): its candidates and its term equal a loop
-over positions and previous tokens written out in float64, gradients included, for every window; its gradient pushes
-the candidates' probability down and no other token's up more than the softmax couples them. Through the real CLI:
-tests/e2e/test_unlikelihood_cli.py."""
+over positions and previous tokens written out in float64, gradients included, for every window; a descent step on
+it lowers every candidate's probability and the term. Through the real CLI: tests/e2e/test_unlikelihood_cli.py."""
 import pytest
 import torch
 
