@@ -174,9 +174,25 @@ CONFIGS = {
     # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
     "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "4"]),
+    # between the two: the last 8 or 16 tokens, a third or two thirds of a long message's subword tokens
+    "dpfp2-sum-ul1w8-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
+                                        "--unlikelihood-window", "8"]),
+    "dpfp2-sum-ul1w16-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
+                                         "--unlikelihood-window", "16"]),
     # half the weight (--unlikelihood-alpha 0.5), every previous token
     "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                        "--unlikelihood-alpha", "0.5"]),
+    # the candidates only the tokens that continue a repeat (--unlikelihood-candidates continuations): the last
+    # token and what followed it before, so that words a long message needs again are not pushed down
+    "dpfp2-sum-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
+                                       "--unlikelihood-candidates", "continuations"]),
+    "dpfp2-delta-dec-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                             "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD,
+                                             "--unlikelihood-candidates", "continuations"]),
+    "dpfp2-delta-dec-align4-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
+                                                    "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
+                                                    *CONV3, *UNLIKELIHOOD, "--unlikelihood-candidates",
+                                                    "continuations"]),
     "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                             "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD]),
     "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",

@@ -1,6 +1,7 @@
 """`--criterion fw_unlikelihood` through the real fairseq-train and fairseq-generate: at alpha 0 it trains exactly as
-label_smoothed_cross_entropy does, update for update; at alpha 1 it logs its term, trains, resumes and generates;
-a negative alpha or window is refused in one line. Marked slow and e2e (tests/conftest.py)."""
+label_smoothed_cross_entropy does, update for update; at alpha 1, with the continuations as candidates, it logs its
+term, trains, resumes and generates; a negative alpha or window and an unknown kind of candidates are refused in one
+line. Marked slow and e2e (tests/conftest.py)."""
 import re
 
 from cli_run import USER_DIR, run, run_refused, train
@@ -18,7 +19,8 @@ def test_alpha_0_trains_as_label_smoothed_cross_entropy(data_bin, tmp_path):
 
 
 def test_alpha_1_logs_its_term_trains_resumes_and_generates(data_bin, tmp_path):
-    flags = [*FW, *UNLIKELIHOOD, "--unlikelihood-alpha", "1", "--unlikelihood-window", "4"]
+    flags = [*FW, *UNLIKELIHOOD, "--unlikelihood-alpha", "1", "--unlikelihood-window", "4",
+             "--unlikelihood-candidates", "continuations"]
     first = train(data_bin, tmp_path, flags, "--max-epoch", 1)
     resumed = train(data_bin, tmp_path, flags, "--max-epoch", 2)
     assert_loss_falls(first + resumed)
@@ -30,10 +32,14 @@ def test_alpha_1_logs_its_term_trains_resumes_and_generates(data_bin, tmp_path):
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 20
 
 
-def test_a_negative_alpha_or_window_is_refused_in_one_line(data_bin, tmp_path):
+def test_a_negative_alpha_or_window_or_unknown_candidates_are_refused_in_one_line(data_bin, tmp_path):
     line = train(data_bin, tmp_path, [*FW, *UNLIKELIHOOD, "--unlikelihood-alpha", "-1"], "--max-epoch", 1,
                  tool=run_refused)
     assert line == "fairseq-train: error: --unlikelihood-alpha must be 0 or more, got -1.0"
     line = train(data_bin, tmp_path, [*FW, *UNLIKELIHOOD, "--unlikelihood-window", "-2"], "--max-epoch", 1,
                  tool=run_refused)
     assert line == "fairseq-train: error: --unlikelihood-window must be 0 (every previous token) or more, got -2"
+    line = train(data_bin, tmp_path, [*FW, *UNLIKELIHOOD, "--unlikelihood-candidates", "all"], "--max-epoch", 1,
+                 tool=run_refused)
+    assert line == ("fairseq-train: error: argument --unlikelihood-candidates: invalid choice: 'all' "
+                    "(choose from 'previous', 'continuations')")
