@@ -174,11 +174,9 @@ CONFIGS = {
     # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
     "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "4"]),
-    # between the two: the last 8 or 16 tokens, a third or two thirds of a long message's subword tokens
+    # between the two: the last 8 tokens, about a quarter of a long message's subword tokens
     "dpfp2-sum-ul1w8-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "8"]),
-    "dpfp2-sum-ul1w16-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
-                                         "--unlikelihood-window", "16"]),
     # half the weight (--unlikelihood-alpha 0.5), every previous token
     "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                        "--unlikelihood-alpha", "0.5"]),
