@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import torch
 from fairseq import metrics
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import ChoiceEnum
 from fairseq.criterions.label_smoothed_cross_entropy import (LabelSmoothedCrossEntropyCriterion,
                                                              LabelSmoothedCrossEntropyCriterionConfig,
                                                              label_smoothed_nll_loss)
+from fairseq.dataclass import ChoiceEnum
 
 from fw_fairseq.modules.fast_weight_flags import cli_error
 
@@ -73,7 +73,7 @@ def candidates(target, pad, window=0, kind="previous"):
     "continuations": only those that continue a repeat), sorted, and whether each is a candidate: its first copy in
     the row, neither the reference's token y_t nor padding, at a position that is not padding. The set of a
     position's candidates, without building [B, T, V]."""
-    pick = continuations if kind == "continuations" else previous_tokens
+    pick = {"previous": previous_tokens, "continuations": continuations}[kind]  # the names of CANDIDATES
     tokens, _ = pick(target, pad, window).sort(dim=-1)  # [B, T, D]
     first = torch.ones_like(tokens, dtype=torch.bool)
     first[..., 1:] = tokens[..., 1:] != tokens[..., :-1]  # sorted: a repeat sits beside its first copy
