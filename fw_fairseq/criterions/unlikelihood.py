@@ -34,16 +34,6 @@ from fw_fairseq.modules.fast_weight_flags import cli_error
 
 NAME = "fw_unlikelihood"
 ONE_MINUS_P_FLOOR = 1e-5  # -log(1 - p) at most 11.5 nats: a candidate at p = 1 gives a finite gradient
-CANDIDATES = ("previous", "continuations")
-
-
-@dataclass
-class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    unlikelihood_alpha: float = field(default=1.0, metadata={"help": "weight of the unlikelihood term, >= 0"})
-    unlikelihood_window: int = field(default=0, metadata={
-        "help": "the candidates are the reference's last N tokens before each position; 0: all of them"})
-    unlikelihood_candidates: ChoiceEnum(CANDIDATES) = field(default="previous", metadata={
-        "help": "previous: every previous token; continuations: the last token and what followed it before"})
 
 
 def previous_tokens(target, pad, window=0):
@@ -73,8 +63,7 @@ def candidates(target, pad, window=0, kind="previous"):
     "continuations": only those that continue a repeat), sorted, and whether each is a candidate: its first copy in
     the row, neither the reference's token y_t nor padding, at a position that is not padding. The set of a
     position's candidates, without building [B, T, V]."""
-    pick = {"previous": previous_tokens, "continuations": continuations}[kind]  # the names of CANDIDATES
-    tokens, _ = pick(target, pad, window).sort(dim=-1)  # [B, T, D]
+    tokens, _ = CANDIDATES[kind](target, pad, window).sort(dim=-1)  # [B, T, D]
     first = torch.ones_like(tokens, dtype=torch.bool)
     first[..., 1:] = tokens[..., 1:] != tokens[..., :-1]  # sorted: a repeat sits beside its first copy
     here = target.unsqueeze(-1)  # [B, T, 1]
@@ -87,6 +76,19 @@ def unlikelihood(lprobs, target, pad, window=0, kind="previous"):
     tokens, keep = candidates(target, pad, window, kind)
     one_minus_p = (1.0 - lprobs.gather(-1, tokens).exp()).clamp_min(ONE_MINUS_P_FLOOR)  # [B, T, D]
     return -(torch.log(one_minus_p) * keep).sum()
+
+
+# --unlikelihood-candidates: each kind's previous tokens, [B, T, D], before the first-copy and y_t filters
+CANDIDATES = {"previous": previous_tokens, "continuations": continuations}
+
+
+@dataclass
+class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    unlikelihood_alpha: float = field(default=1.0, metadata={"help": "weight of the unlikelihood term, >= 0"})
+    unlikelihood_window: int = field(default=0, metadata={
+        "help": "the candidates are the reference's last N tokens before each position; 0: all of them"})
+    unlikelihood_candidates: ChoiceEnum(list(CANDIDATES)) = field(default="previous", metadata={
+        "help": "previous: every previous token; continuations: the last token and what followed it before"})
 
 
 @register_criterion(NAME, dataclass=UnlikelihoodConfig)

@@ -1,6 +1,7 @@
 """`--criterion fw_unlikelihood` (fw_fairseq/criterions/unlikelihood.py): its candidates and its term equal a loop
 over positions and previous tokens written out in float64, gradients included, for every window and both kinds of
-candidates; a descent step on it lowers every candidate's probability and the term. Through the real CLI: tests/e2e/test_unlikelihood_cli.py."""
+candidates; a descent step on it lowers every candidate's probability and the term. Through the real CLI:
+tests/e2e/test_unlikelihood_cli.py."""
 import pytest
 import torch
 
