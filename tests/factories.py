@@ -105,6 +105,20 @@ def check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, sta
         torch.testing.assert_close(logits[:, -1], full[:, -1], rtol=1e-9, atol=1e-9)
 
 
+def check_decodes_as_it_trains(model, dictionary, seed=5):
+    """fairseq's beam layout and reorders on a batch of 4 sources of 6 tokens: the first 4 steps equal the forward
+    over their prefix, then every step after a reorder (or none) equals the forward over the whole prefix."""
+    g = torch.Generator().manual_seed(seed)
+    src, prev = random_tokens(dictionary, 4, 6, g), random_tokens(dictionary, 4, 8, g)
+    src_lengths = torch.full((4,), 6)
+    encoder_out, state = model.encoder(src, src_lengths=src_lengths), {}
+    torch.testing.assert_close(decode_step_by_step(model, prev[:, :4], encoder_out, state),
+                               model(src, src_lengths, prev[:, :4])[0], rtol=1e-9, atol=1e-9)
+    check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, state,
+                                 [(4, torch.tensor([1, 0, 3, 3])), (5, None), (6, torch.tensor([2, 0, 1, 3])),
+                                  (7, None)])
+
+
 def block_pair(embed_dim, num_heads, with_option, without, prefix, **block_kwargs):
     """The same FastWeightAttention block (float64, eval) built with an option (FastWeightConfig
     `with_option`) and without it (`without`), sharing every weight but the option's own (state dict

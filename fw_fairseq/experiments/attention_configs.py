@@ -5,6 +5,7 @@ scripts/convert/convert_study.py converts a softmax model into some of them.
 """
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
+NOPOS = ["--fw-decoder-positions", "none"]
 UNLIKELIHOOD = ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha", "1"]
 
 
@@ -166,6 +167,19 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-dconv5-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                       "--fw-decoder-conv", "5", *CONV3]),
+    # no positional embedding in the decoder (--fw-decoder-positions none; the paper's delta-rule language models have
+    # none): its fast-weight self-attention orders the target, so a long translation meets no position unseen in
+    # training (the sum-normalised delta rule's read grows with the position, docs/long_outputs_diagnosis.md)
+    "dpfp2-delta-dec-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                              "--fw-delta-norm", "sum", *NOPOS, *CONV3]),
+    "dpfp2-delta-dec-dconv3-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                     "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *NOPOS,
+                                                     *CONV3]),
+    "dpfp2-sum-dconv3-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *NOPOS,
+                                               *CONV3]),
+    "dpfp2-delta-dec-align4-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                     "--fw-delta-norm", "sum", "--fw-cross-align", "4", *NOPOS,
+                                                     *CONV3]),
     # trained with token-level unlikelihood (--criterion fw_unlikelihood, alpha 1): probability put on the
     # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs_unlikelihood.md)
     "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),

@@ -15,8 +15,8 @@ from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes, check_layer_rules,
-                                                   set_fast_weight_defaults)
+                                                   check_attention_shapes, check_decoder_positions,
+                                                   check_layer_rules, set_fast_weight_defaults)
 
 
 def _wrap_like_fairseq(layer, cfg):
@@ -80,6 +80,12 @@ class FastWeightTransformerEncoder(TransformerEncoder):
 
 
 class FastWeightTransformerDecoder(TransformerDecoder):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        if FastWeightConfig.from_args(cfg).decoder_positions == "none":  # --fw-decoder-positions
+            self.embed_positions = None  # fairseq's decoder then adds no positions, in training and generation
+
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         # fairseq's generator sets the beam size on every attention of the decoder and never sets it back, and
         # fairseq's softmax cross-attention then keeps every beam-th source of a batch: after --eval-bleu's beam
@@ -139,6 +145,7 @@ def check_shapes(args):
     decoder_layers = (args.decoder_layers, "--decoder-layers")
     check_layer_rules(args, {"encoder": (args.encoder_layers, "--encoder-layers"), "decoder": decoder_layers,
                              "cross": decoder_layers})
+    check_decoder_positions(args)
     # fairseq's parser reads --{encoder,decoder}-layers-to-keep 0,2 as the list [0, 2], and its build_model and
     # checkpoint pruning split it as the text "0,2" (and fail on the list): they get the text
     for block in ("encoder", "decoder"):

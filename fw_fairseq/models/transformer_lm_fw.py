@@ -24,8 +24,8 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.models.transformer_fw import FastWeightTransformerDecoder
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes, check_layer_rules,
-                                                   set_fast_weight_defaults)
+                                                   check_attention_shapes, check_decoder_positions,
+                                                   check_layer_rules, set_fast_weight_defaults)
 
 
 class CarriedState:
@@ -58,9 +58,10 @@ class FastWeightLMDecoder(FastWeightTransformerDecoder):
         (W, z) from the state's buffer and writes its final one back.
         """
         if self.embed_positions is not None:
-            raise ValueError("--fw-carry-state needs --no-token-positional-embeddings: absolute "
-                             "positions would restart at every segment of an unbroken stream "
-                             "(the paper's Table 4 model uses no positional encoding)")
+            raise ValueError("--fw-carry-state needs --no-token-positional-embeddings (or "
+                             "--fw-decoder-positions none): absolute positions would restart at every "
+                             "segment of an unbroken stream (the paper's Table 4 model uses no positional "
+                             "encoding)")
         if tokens.eq(self.padding_idx).any():
             raise ValueError("carried-state segments must not contain padding")
         x = self.embed_scale * self.embed_tokens(tokens)
@@ -154,6 +155,7 @@ def transformer_lm_fw(args):
                (args.decoder_attention_heads, "--decoder-attention-heads"))
     check_attention_shapes(args, {"decoder": decoder})
     check_layer_rules(args, {"decoder": (args.decoder_layers, "--decoder-layers")})
+    check_decoder_positions(args)
 
 
 @register_model_architecture("transformer_lm_fw", "transformer_lm_fw_wt103_small")

@@ -75,6 +75,14 @@ def check_layer_rules(args, layers: Dict[str, Tuple[int, str]]):
                             f"rule, or one per layer ({count})")
 
 
+def check_decoder_positions(args):
+    """Reject, as an argument error, --fw-decoder-positions none over a softmax decoder self-attention, which
+    needs the positions to order the target; architectures call this."""
+    if args.fw_decoder_positions == "none" and "decoder" not in places_set(args.fw_attention):
+        raise cli_error("argument --fw-decoder-positions: none needs fast-weight decoder self-attention (decoder in "
+                        f"--fw-attention, here {args.fw_attention}); allowed with a softmax decoder: absolute")
+
+
 @dataclass(frozen=True)
 class FastWeightConfig:
     feature_map: str
@@ -94,6 +102,7 @@ class FastWeightConfig:
     t2r_features: int = 32  # --fw-t2r-features: T2R's K
     hedgehog_trainable: bool = False  # --fw-hedgehog-trainable
     cross_align: int = 0  # --fw-cross-align's P, 0 for none
+    decoder_positions: str = "absolute"  # --fw-decoder-positions
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":

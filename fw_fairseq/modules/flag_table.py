@@ -22,6 +22,7 @@ from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 FAMILIES = ("translation", "lm")
 FAVOR_REDRAWS = ("batch", "never")  # --fw-favor-redraw: a new R every training forward (the paper), or never
+DECODER_POSITIONS = ("absolute", "none")  # --fw-decoder-positions: fairseq's positional embedding, or none
 GATE_BIAS_INIT = 5.0  # the gated rule's alpha bias: alpha = sigmoid(5) = 0.993, training starts near the delta rule
 
 
@@ -150,6 +151,14 @@ FLAGS = (
          "K over its values (the position and the K - 1 before it) to its read (beyond the paper): 0 (off, the "
          "default) or K >= 1", dict(type=int_at_least("--fw-decoder-conv", 0), metavar="K"),
          dict(translation=0, lm=0), before=0, recorded=lambda blocks: "decoder" in blocks.places, unrecorded="0"),
+    # The paper's delta-rule language models need no positional encoding (section 6.3, Tables 3 and 4): the rule's
+    # state orders the sequence, and a target longer than any in training meets no position it never saw
+    Flag("--fw-decoder-positions", "decoder_positions", "absolute: the decoder adds fairseq's positional embedding "
+         "to its input embeddings (the default, the paper's translation models); none: it adds none, and its "
+         "fast-weight self-attention (with --fw-decoder-conv, its convolution) alone orders the target, as in the "
+         "paper's delta-rule language models (beyond the paper for translation)",
+         dict(choices=DECODER_POSITIONS), dict(translation="absolute", lm="absolute"), before="absolute",
+         recorded=lambda blocks: "decoder" in blocks.places, unrecorded="absolute"),
     # A long source's read stops being an average: DPFP-2 with P = 4 over three seeds of the demo preset
     # (results/compare_attention/long_outputs, docs/long_outputs_aligned.md)
     Flag("--fw-cross-align", "cross_align", "the fast-weight cross-attention weighs each source position by "

@@ -59,4 +59,5 @@ def test_later_flags_fill_only_what_the_table_knows():
            "--fw-favor-features": "8"}
     filled = with_later_flags(old)
     assert filled == {**old, "--fw-delta-norm": "sum", "--fw-delta-beta-max": "1", "--fw-output-gate": "none",
-                      "--fw-encoder-conv": "0", "--fw-decoder-conv": "0", "--fw-cross-align": "0"}  # --fw-favor-redraw: unknown, left out
+                      "--fw-encoder-conv": "0", "--fw-decoder-conv": "0", "--fw-cross-align": "0",
+                      "--fw-decoder-positions": "absolute"}  # --fw-favor-redraw: unknown, left out

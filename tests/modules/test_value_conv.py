@@ -5,8 +5,7 @@ block without it."""
 import pytest
 import torch
 
-from factories import (block_pair, build_model, check_steps_through_reorders, decode_step_by_step,
-                       random_tokens)
+from factories import block_pair, build_model, check_decodes_as_it_trains
 from fw_fairseq.modules import FastWeightConfig
 from fw_fairseq.modules.value_conv import DepthwiseConv
 
@@ -86,12 +85,4 @@ def test_the_decoder_convolution_adds_the_values_before_each_position(width):
 def test_the_decoder_convolution_decodes_as_it_trains_through_beam_reorders(rule):
     """fairseq's beam layout and reorders: every step equals the forward over the whole prefix."""
     model, d = build_model(["--fw-decoder-conv", "3", "--fw-decoder-rule", rule])
-    g = torch.Generator().manual_seed(5)
-    src, prev = random_tokens(d, 4, 6, g), random_tokens(d, 4, 8, g)
-    src_lengths = torch.full((4,), 6)
-    encoder_out, state = model.encoder(src, src_lengths=src_lengths), {}
-    torch.testing.assert_close(decode_step_by_step(model, prev[:, :4], encoder_out, state),
-                               model(src, src_lengths, prev[:, :4])[0], rtol=1e-9, atol=1e-9)
-    check_steps_through_reorders(model, src, src_lengths, prev, encoder_out, state,
-                                 [(4, torch.tensor([1, 0, 3, 3])), (5, None), (6, torch.tensor([2, 0, 1, 3])),
-                                  (7, None)])
+    check_decodes_as_it_trains(model, d)
