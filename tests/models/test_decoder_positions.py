@@ -5,7 +5,7 @@ value and a load with the other one is refused in one line; a softmax decoder ca
 import pytest
 import torch
 
-from factories import build_model, check_decodes_as_it_trains, random_tokens
+from factories import build_lm, build_model, check_decodes_as_it_trains, random_tokens
 from fw_fairseq.models.checkpoints import RECORD, decode
 
 
@@ -25,7 +25,6 @@ def test_without_positions_the_decoder_reads_its_token_embeddings_alone():
     without, _ = build_model(["--fw-decoder-rule", "delta", "--fw-decoder-positions", "none"], seed=3)
     weights = {k: v for k, v in plain.state_dict().items() if k != RECORD and not k.startswith("decoder.embed_pos")}
     without.load_state_dict(weights | {RECORD: without.state_dict()[RECORD]})  # the sinusoids are no weights
-    plain.eval(), without.eval()
     g = torch.Generator().manual_seed(4)
     src, prev = random_tokens(d, 3, 5, g), random_tokens(d, 3, 7, g)
     src_lengths = torch.full((3,), 5)
@@ -56,8 +55,6 @@ def test_a_softmax_decoder_cannot_drop_them():
 
 
 def test_a_language_models_decoder_takes_it_as_no_token_positional_embeddings():
-    from factories import build_lm
-
     lm, d = build_lm("transformer_lm_fw_tiny", ["--fw-decoder-positions", "none"])
     stock, _ = build_lm("transformer_lm_fw_tiny", ["--no-token-positional-embeddings"])
     assert lm.decoder.embed_positions is None and stock.decoder.embed_positions is None
