@@ -210,6 +210,15 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                    *UNLIKELIHOOD]),
+    # the decoder's convolution with the term: the convolution keeps the long translations' length on the base
+    # preset, the term ends the loops that run to the length limit on the demo preset
+    "dpfp2-sum-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3,
+                                             *UNLIKELIHOOD]),
+    "dpfp2-sum-dconv3-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3,
+                                              *UNLIKELIHOOD, "--unlikelihood-candidates", "continuations"]),
+    "dpfp2-delta-dec-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                                   "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3,
+                                                   *UNLIKELIHOOD]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
