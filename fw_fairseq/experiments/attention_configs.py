@@ -219,14 +219,11 @@ CONFIGS = {
     "dpfp2-delta-dec-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3,
                                                    *UNLIKELIHOOD]),
-    # the aligned read keeps the long translations' length that the term takes away; twice the term's weight, or the
-    # convolution beside it, for the loops the term alone leaves running to the length limit on the demo preset
+    # the aligned read keeps the long translations' length that the term takes away; twice the term's weight for the
+    # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs_aligned_ul.md)
     "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                    *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
-    "dpfp2-delta-dec-align4-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                                          "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
-                                                          "--fw-decoder-conv", "3", *CONV3, *UNLIKELIHOOD]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
