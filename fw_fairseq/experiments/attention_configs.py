@@ -227,6 +227,12 @@ CONFIGS = {
     # the shipped sum rule with the same read and term: whether the default's rule needs the delta rule to meet them
     "dpfp2-sum-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3,
                                              *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
+    # the other shipped maps with the sum rule, the same read and term
+    "elu-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-cross-align",
+                                           "4", *CONV3, *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
+    "hedgehog-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
+                                                "--fw-cross-align", "4", *CONV3, *UNLIKELIHOOD,
+                                                "--unlikelihood-alpha", "2"]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
