@@ -6,7 +6,14 @@ scripts/convert/convert_study.py converts a softmax model into some of them.
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
 NOPOS = ["--fw-decoder-positions", "none"]
-UNLIKELIHOOD = ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha", "1"]
+
+
+def unlikelihood(alpha):
+    """Training with token-level unlikelihood at weight `alpha` (a string, as fairseq's flag takes it)."""
+    return ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha", alpha]
+
+
+UNLIKELIHOOD = unlikelihood("1")
 
 
 def last_layer_sum(rule):
@@ -192,8 +199,7 @@ CONFIGS = {
     "dpfp2-sum-ul1w8-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
                                         "--unlikelihood-window", "8"]),
     # half the weight (--unlikelihood-alpha 0.5), every previous token
-    "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
-                                       "--unlikelihood-alpha", "0.5"]),
+    "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *unlikelihood("0.5")]),
     # the candidates only the tokens that continue a repeat (--unlikelihood-candidates continuations): the last
     # token and what followed it before, so that words a long message needs again are not pushed down
     "dpfp2-sum-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
@@ -223,16 +229,15 @@ CONFIGS = {
     # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs_aligned_ul.md)
     "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
-                                                   *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
+                                                   *unlikelihood("2")]),
     # the shipped sum rule with the same read and term: whether the default's rule needs the delta rule to meet them
     "dpfp2-sum-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3,
-                                             *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
+                                             *unlikelihood("2")]),
     # the other shipped maps with the sum rule, the same read and term
     "elu-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-cross-align",
-                                           "4", *CONV3, *UNLIKELIHOOD, "--unlikelihood-alpha", "2"]),
+                                           "4", *CONV3, *unlikelihood("2")]),
     "hedgehog-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                                "--fw-cross-align", "4", *CONV3, *UNLIKELIHOOD,
-                                                "--unlikelihood-alpha", "2"]),
+                                                "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
