@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 DDOTS = (64, 256, 512)
 SUBSETS = ("valid", "test")
 ROW_ORDER = ("Standard", "Linear", "Performer", "DPFP", "DPFP + delta", "DPFP + delta, softmax cross-attention",
-             "DPFP + delta, aligned cross-attention")
+             "DPFP + delta, aligned cross-attention, unlikelihood")
 METRICS = {  # each metric, and what its numbers compare with
     "sacrebleu": "sacreBLEU (detokenised; the metric the paper cites for Table 1, Post 2018)",
     "tok_bleu": "tokenised BLEU (compound-split, as Vaswani et al. 2017 and Ott et al. 2018 report it; their data "

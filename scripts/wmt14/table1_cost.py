@@ -32,7 +32,7 @@ MEASURED_AS = {"standard": ("softmax", ""), "dpfp_nu2": ("dpfp2_sum", "with the 
                "dpfp_nu2_delta_softcross": ("dpfp2_delta", "stand-in: L2 delta rule in every block, fast-weight "
                                                            "cross-attention"),
                "dpfp_nu2_delta_align4": ("dpfp2_delta", "stand-in: L2 delta rule in every block, cross-attention "
-                                                        "not aligned")}
+                                                        "not aligned, no unlikelihood term")}
 CHECKPOINT_GB = 209e6 * 4 * 3 / 1e9  # transformer_fw_big's weights and Adam's two moments, float32
 CHECKPOINTS_KEPT = 12  # --keep-last-epochs 10, checkpoint_best.pt, checkpoint_last.pt
 DATA_GB = 12  # the five archives (about 1.7 GB), their text, tokenised and BPE copies, and the binarised data

@@ -4,8 +4,8 @@
 #   scripts/wmt14/train.sh CONFIG [extra fairseq-train args]
 #
 # CONFIG is a file of configs/wmt14_en_de/ (by path, or by name such as dpfp_nu2). The shared
-# recipe (configs/wmt14_en_de/common.sh) comes first, then the config's FW_ARGS, then the
-# extra args, so the extra args win (tests shrink the model and the run this way).
+# recipe (configs/wmt14_en_de/common.sh) comes first, then its CRITERION_ARGS (or the config's), then the
+# config's FW_ARGS, then the extra args, so the extra args win (tests shrink the model and the run this way).
 # Checkpoints go to $SAVE_ROOT/<config name>/; running the same command again resumes from
 # its checkpoint_last.pt (fairseq's default with an unchanged --save-dir).
 # Environment: DATA_BIN, SAVE_ROOT (see common.sh).
@@ -49,5 +49,5 @@ save_dir=$SAVE_ROOT/$name
 mkdir -p "$save_dir"
 echo "train.sh: $name on $ngpu GPU(s), checkpoints in $save_dir" >&2
 fairseq-train "$DATA_BIN" --user-dir "$REPO/fw_fairseq" \
-  "${TRAIN_ARGS[@]}" "${FW_ARGS[@]}" --eval-bleu-remove-bpe "$remove_bpe" \
+  "${TRAIN_ARGS[@]}" "${CRITERION_ARGS[@]}" "${FW_ARGS[@]}" --eval-bleu-remove-bpe "$remove_bpe" \
   "${device_args[@]}" --save-dir "$save_dir" "$@" 2>&1 | tee -a "$save_dir/train.log"

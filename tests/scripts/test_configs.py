@@ -17,9 +17,10 @@ D_DOT = {"elu": lambda a: 64, "favor": lambda a: 2 * a.fw_favor_features, "dpfp"
 
 
 def recipe(name):
-    """TRAIN_ARGS + FW_ARGS as train.sh assembles them, and the config's Table 1 cell."""
+    """TRAIN_ARGS + CRITERION_ARGS + FW_ARGS as train.sh assembles them, and the config's Table 1 cell."""
     script = (f'source configs/wmt14_en_de/common.sh; source configs/wmt14_en_de/{name}.sh; '
-              f'printf "%s\\0" "$TABLE1_ROW" "$TABLE1_DDOT" "${{TRAIN_ARGS[@]}}" "${{FW_ARGS[@]}}"')
+              f'printf "%s\\0" "$TABLE1_ROW" "$TABLE1_DDOT" "${{TRAIN_ARGS[@]}}" "${{CRITERION_ARGS[@]}}" '
+              f'"${{FW_ARGS[@]}}"')
     out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True).stdout
     row, ddot, *args = out.split("\0")[:-1]
     return row, int(ddot), args
@@ -29,7 +30,8 @@ def test_all_table1_cells_have_a_config():
     cells = {recipe(name)[:2] for name in CONFIGS}
     assert cells >= {("Standard", 64), ("Linear", 64), ("Performer", 64), ("Performer", 256),
                      ("Performer", 512), ("DPFP", 256), ("DPFP", 512), ("DPFP + delta", 256), ("DPFP + delta", 512),
-                     ("DPFP + delta, softmax cross-attention", 256), ("DPFP + delta, aligned cross-attention", 256)}
+                     ("DPFP + delta, softmax cross-attention", 256),
+                     ("DPFP + delta, aligned cross-attention, unlikelihood", 256)}
 
 
 @pytest.mark.parametrize("name", CONFIGS)

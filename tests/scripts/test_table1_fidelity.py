@@ -3,7 +3,8 @@ device: no memory, no training), has the paper's settings for its row: the featu
 each block and its normalisation, FAVOR+'s redraw, no encoder convolution and no output gate (neither is in the
 paper), the big Transformer's dims and dropout, and the batch recipe. Removing any pin of a config fails here.
 The delta rows are beyond the paper (it reports no MT number for the delta rule): their settings are the shipped
-delta configuration's, checked the same way; one of them keeps softmax cross-attention, one aligns it."""
+delta configuration's, checked the same way; one of them keeps softmax cross-attention, one aligns it and trains with
+the unlikelihood term."""
 import subprocess
 from types import SimpleNamespace
 
@@ -32,6 +33,8 @@ PAPER = {
 }
 SOFTMAX_CROSS = {"dpfp_nu2_delta_softcross"}
 ALIGNED_CROSS = {"dpfp_nu2_delta_align4": 4}  # --fw-cross-align
+# the training loss of the rows that do not train with the paper's (label-smoothed cross-entropy): its alpha
+UNLIKELIHOOD = {"dpfp_nu2_delta_align4": 2.0}  # --criterion fw_unlikelihood --unlikelihood-alpha
 # Vaswani et al.'s big Transformer as the paper trains it (configs/wmt14_en_de/common.sh)
 BIG = dict(encoder_embed_dim=1024, decoder_embed_dim=1024, encoder_ffn_embed_dim=4096, decoder_ffn_embed_dim=4096,
            encoder_attention_heads=16, decoder_attention_heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3,
@@ -61,6 +64,10 @@ def test_config_has_the_papers_settings(name):
     parsed, model = build(["--user-dir", str(REPO / "fw_fairseq"), *args])
     assert parsed.arch == "transformer_fw_big"
     assert {key: getattr(parsed, key) for key in BIG} == BIG
+    if name in UNLIKELIHOOD:
+        assert (parsed.criterion, parsed.unlikelihood_alpha) == ("fw_unlikelihood", UNLIKELIHOOD[name])
+    else:
+        assert parsed.criterion == "label_smoothed_cross_entropy"
     fast = [m for m in model.modules() if isinstance(m, FastWeightAttention)]
     if PAPER[name] is None:
         assert not fast

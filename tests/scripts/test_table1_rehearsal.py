@@ -31,7 +31,7 @@ def test_every_row_trains_scores_and_tables(prepared):
     lines = table.splitlines()
     for row in ("Standard", "Performer", "DPFP + delta (beyond the paper)",
                 "DPFP + delta, softmax cross-attention (beyond the paper)",
-                "DPFP + delta, aligned cross-attention (beyond the paper)"):
+                "DPFP + delta, aligned cross-attention, unlikelihood (beyond the paper)"):
         cells = next(line for line in lines if line.startswith(f"| {row} |")).split("|")[2:-1]
         # a row trained by a config of ours has its score beside the paper's; each metric is labelled
         assert any(not cell.strip().startswith("–") and cell.strip() for cell in cells), row

@@ -116,14 +116,14 @@ def test_table1_from_result_files():
             for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Model")}
     assert list(rows) == ["Standard", "Linear", "Performer", "DPFP", "DPFP + delta (beyond the paper)",
                           "DPFP + delta, softmax cross-attention (beyond the paper)",
-                          "DPFP + delta, aligned cross-attention (beyond the paper)"]
+                          "DPFP + delta, aligned cross-attention, unlikelihood (beyond the paper)"]
     # columns: valid 64/256/512, test 64/256/512; cells "ours (paper)"
     assert rows["Standard"] == ["26.1 (26.6)", "", "", "27.2 (27.7)", "", ""]  # not the averaged 28.4
     assert rows["Performer"] == ["– (24.2)", "– (24.9)", "– (26.7)", "– (24.4)", "25.6 (25.3)", "– (27.7)"]
     assert rows["DPFP"] == ["", "25.9 (26.2)", "– (26.2)", "", "26.7 (26.9)", "– (27.1)"]
     assert rows["DPFP + delta (beyond the paper)"] == ["", "– (–)", "– (–)", "", "– (–)", "27.0 (–)"]
     assert rows["DPFP + delta, softmax cross-attention (beyond the paper)"] == ["", "– (–)", "", "", "– (–)", ""]
-    assert rows["DPFP + delta, aligned cross-attention (beyond the paper)"] == ["", "– (–)", "", "", "– (–)", ""]
+    assert rows["DPFP + delta, aligned cross-attention, unlikelihood (beyond the paper)"] == ["", "– (–)", "", "", "– (–)", ""]
     assert ("No results yet for: dpfp_nu2_delta, dpfp_nu2_delta_align4, dpfp_nu2_delta_softcross, dpfp_nu4, "
             "performer_m256, performer_m32" in table)
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in table
