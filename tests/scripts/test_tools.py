@@ -123,7 +123,8 @@ def test_table1_from_result_files():
     assert rows["DPFP"] == ["", "25.9 (26.2)", "– (26.2)", "", "26.7 (26.9)", "– (27.1)"]
     assert rows["DPFP + delta (beyond the paper)"] == ["", "– (–)", "– (–)", "", "– (–)", "27.0 (–)"]
     assert rows["DPFP + delta, softmax cross-attention (beyond the paper)"] == ["", "– (–)", "", "", "– (–)", ""]
-    assert rows["DPFP + delta, aligned cross-attention, unlikelihood (beyond the paper)"] == ["", "– (–)", "", "", "– (–)", ""]
+    aligned = "DPFP + delta, aligned cross-attention, unlikelihood (beyond the paper)"
+    assert rows[aligned] == ["", "– (–)", "", "", "– (–)", ""]
     assert ("No results yet for: dpfp_nu2_delta, dpfp_nu2_delta_align4, dpfp_nu2_delta_softcross, dpfp_nu4, "
             "performer_m256, performer_m32" in table)
     assert "sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0" in table
