@@ -31,7 +31,7 @@ TRAIN_ARGS=(
   --arch transformer_fw_big --share-all-embeddings
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0
   --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
-  --dropout 0.3 --weight-decay 0.0
+  --label-smoothing 0.1 --dropout 0.3 --weight-decay 0.0
   --max-tokens 3584 --max-epoch 45
   # validation BLEU (checkpoint selection) must see all of newstest2013: see GENERATE_ARGS
   --required-batch-size-multiple 1
@@ -43,8 +43,9 @@ TRAIN_ARGS=(
   --log-format simple --log-interval 100
 )
 
-# The training loss, after TRAIN_ARGS; a config may set its own (dpfp_nu2_delta_align4 adds the unlikelihood term).
-CRITERION_ARGS=(--criterion label_smoothed_cross_entropy --label-smoothing 0.1)
+# The training loss, after TRAIN_ARGS (which hold its label smoothing); a config may set its own
+# (dpfp_nu2_delta_align4 adds the unlikelihood term).
+CRITERION_ARGS=(--criterion label_smoothed_cross_entropy)
 
 # Decoding for every reported score (Vaswani et al. 2017; Ott et al. 2018).
 # --required-batch-size-multiple 1: with fairseq's default of 8, batch_by_size silently drops

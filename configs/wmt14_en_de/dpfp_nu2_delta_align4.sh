@@ -7,5 +7,5 @@
 # every block that meets every long-output mark (docs/long_outputs_aligned_ul.md).
 TABLE1_ROW="DPFP + delta, aligned cross-attention, unlikelihood"
 TABLE1_DDOT=256
-CRITERION_ARGS=(--criterion fw_unlikelihood --label-smoothing 0.1 --unlikelihood-alpha 2)
+CRITERION_ARGS=(--criterion fw_unlikelihood --unlikelihood-alpha 2)
 FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule sum --fw-decoder-rule delta --fw-delta-norm sum --fw-cross-align 4 --fw-encoder-conv 0)
