@@ -238,6 +238,9 @@ CONFIGS = {
                                            "4", *CONV3, *unlikelihood("2")]),
     "hedgehog-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
                                                 "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    "favor-sum-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
+                                                   "--fw-favor-redraw", "never", "--fw-cross-align", "4", *CONV3,
+                                                   *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
