@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import sacrebleu
+import torch
 from sacremoses import MosesDetokenizer
 
 from fw_fairseq.experiments.translation_lengths import length_profile, loops, loops_in_words_only, over_twice_in_tokens
@@ -79,6 +80,11 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     # unbuffered: the log lines (and so the progress bar and the timing) arrive as fairseq prints them
     env = _environment(threads, PYTHONUNBUFFERED="1")
     progress, curve = Progress(label, updates), {}
+    if updates_done(save_dir) >= updates:
+        # fairseq-train takes one more update before it checks --max-update, so a finished run is not resumed
+        progress.update(updates)
+        return {"updates": updates, "curve": sorted(_resumed_curve(log).items()), "seconds_per_update": None,
+                "checkpoint": str(Path(save_dir) / "checkpoint_last.pt")}
     # Time per update from the arrival of consecutive train_inner lines; an interval in which anything
     # else was printed (validation, a checkpoint, a new epoch) is not counted.
     previous, clean, seconds, counted = None, False, 0.0, 0
@@ -108,6 +114,14 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     return {"updates": updates, "curve": sorted(curve.items()),
             "seconds_per_update": round(seconds / counted, 4) if counted else None,
             "checkpoint": str(Path(save_dir) / "checkpoint_last.pt")}
+
+
+def updates_done(save_dir):
+    """The updates in save_dir's checkpoint_last.pt (0 without one)."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if not last.is_file():
+        return 0
+    return torch.load(last, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
 
 
 def _resumed_curve(log):

@@ -25,6 +25,7 @@ import torch
 import fw_fairseq  # noqa: F401  (the models, the criterion, the safe globals for torch.load)
 from fairseq.models import ARCH_MODEL_REGISTRY
 
+from fw_fairseq.experiments.attention_runs import updates_done
 from fw_fairseq.modules.fast_weight_config import add_fast_weight_args
 from fw_fairseq.modules.flag_table import FLAGS
 
@@ -79,13 +80,6 @@ def model_flags(model_args):
             text = str(int(value)) if isinstance(value, bool) else str(value)
             flags += [action.option_strings[0], text]
     return flags
-
-
-def updates_done(save_dir):
-    last = save_dir / "checkpoint_last.pt"
-    if not last.is_file():
-        return 0
-    return torch.load(last, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"]
 
 
 def train(args, model, start, save_dir, updates, stage):

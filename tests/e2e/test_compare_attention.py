@@ -37,6 +37,11 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     assert '"num_updates": "20"' in log and '"num_updates": "30"' not in log
     stored = json.loads((work / "runs/run.json").read_text())
     assert attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10) == stored  # reused
+    # a finished run's checkpoint with its record gone: translated again, not trained a 21st update
+    (work / "runs/run.json").unlink()
+    again = attention_runs.train_and_score(work, "run", flags, updates=20, valid_every=10)
+    assert '"num_updates": "21"' not in (work / "train.run.log").read_text()
+    assert again["hypotheses"] == stored["hypotheses"] and again["curve"] == stored["curve"]
     assert 0 < stored["bp"] <= 1 and stored["length_ratio"] > 0 and len(stored["precisions"]) == 4
     _check_the_length_limit(work)
 
