@@ -71,6 +71,12 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     if a previous run was cut off), validating every `valid_every` updates. Returns the run's record:
     the valid-loss curve [(updates, loss)], the seconds per training update (without start-up,
     validation and checkpoints) and the checkpoint."""
+    checkpoint = str(Path(save_dir) / "checkpoint_last.pt")
+    if updates_done(save_dir) >= updates:
+        # fairseq-train takes one more update before it checks --max-update, so a finished run is not resumed
+        Progress(label, updates).update(updates)
+        return {"updates": updates, "curve": sorted(_resumed_curve(log).items()), "seconds_per_update": None,
+                "checkpoint": checkpoint}
     args = [*fairseq_cli("train"), data, "--user-dir", REPO / "fw_fairseq", *flags,
             "--max-update", updates, "--validate-interval-updates", valid_every,
             # a log interval dividing the validation interval leaves intervals with nothing else in them
@@ -80,11 +86,6 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     # unbuffered: the log lines (and so the progress bar and the timing) arrive as fairseq prints them
     env = _environment(threads, PYTHONUNBUFFERED="1")
     progress, curve = Progress(label, updates), {}
-    if updates_done(save_dir) >= updates:
-        # fairseq-train takes one more update before it checks --max-update, so a finished run is not resumed
-        progress.update(updates)
-        return {"updates": updates, "curve": sorted(_resumed_curve(log).items()), "seconds_per_update": None,
-                "checkpoint": str(Path(save_dir) / "checkpoint_last.pt")}
     # Time per update from the arrival of consecutive train_inner lines; an interval in which anything
     # else was printed (validation, a checkpoint, a new epoch) is not counted.
     previous, clean, seconds, counted = None, False, 0.0, 0
@@ -113,7 +114,7 @@ def train(data, save_dir, flags, updates, valid_every, log, label, threads=None)
     curve = {**_resumed_curve(log), **curve}  # with the points logged before an interruption
     return {"updates": updates, "curve": sorted(curve.items()),
             "seconds_per_update": round(seconds / counted, 4) if counted else None,
-            "checkpoint": str(Path(save_dir) / "checkpoint_last.pt")}
+            "checkpoint": checkpoint}
 
 
 def updates_done(save_dir):
