@@ -241,6 +241,18 @@ CONFIGS = {
     "favor-sum-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
                                                    "--fw-favor-redraw", "never", "--fw-cross-align", "4", *CONV3,
                                                    *unlikelihood("2")]),
+    # the same maps with the delta rule in the decoder, as DPFP-2's row above: whether the rule that meets every mark
+    # with DPFP-2 ends the runaways the sum rule leaves with FAVOR+ and ELU+1 on the demo preset
+    "elu-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum",
+                                                 "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
+                                                 "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
+                                                      "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
+                                                      "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
+                                                         "--fw-favor-redraw", "never", "--fw-decoder-rule", "delta",
+                                                         "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
+                                                         *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
