@@ -3,14 +3,13 @@
     python3 benchmarks/bench_fairseq_gpu.py --out bench_fairseq.json          # transformer_fw_big, --fp16
     python3 benchmarks/bench_fairseq_gpu.py --arch transformer_fw_small --updates 6 --lengths 4 ...  # smoke
 
-Configurations (CONFIGS): softmax (--fw-attention none); dpfp2_sum, the shipped default (DPFP-2, the sum rule,
-encoder convolution 3); dpfp2_delta_dec, the shipped delta configuration (the delta rule in the decoder's
-self-attention, sum-normalised phi, its default there); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight
-flags its config file (configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh. On request (--configs),
+Configurations (CONFIGS): softmax (--fw-attention none); dpfp2_sum (DPFP-2, the sum rule in every block, the
+plain read of the source, encoder convolution 3); dpfp2_delta_dec (the same with the delta rule in the decoder's
+self-attention, sum-normalised phi); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight flags its config file
+(configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh; dpfp2_delta_dec_align4, the translation models'
+defaults (dpfp2_delta_dec with the aligned cross-attention, --fw-cross-align 4). On request (--configs),
 NAME_unfused: a fast-weight configuration with the fused read switched off in the runner (FW_NO_FUSED_READ), so
-that every block takes the path the fused read replaces; beside NAME it gives the fused read's end-to-end effect;
-dpfp2_delta_dec_align4 (and its _unfused): the delta configuration with the aligned cross-attention
-(--fw-cross-align 4).
+that every block takes the path the fused read replaces; beside NAME it gives the fused read's end-to-end effect.
 Every configuration gets the same data, seed, batches and training flags besides those.
 
 On generated parallel data (10..50 tokens a sentence, a 2,000-word vocabulary, the target a fixed word mapping of
@@ -47,20 +46,20 @@ REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "benchmarks" / "fairseq_run.py"
 TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the default) and dpfp2-delta-dec-vconv3 (the delta
-# rule in the decoder, sum-normalised phi); tests/scripts/test_bench_fused_read.py checks that they stay the same
+# scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the sum rule) and dpfp2-delta-dec-vconv3 (the delta
+# rule in the decoder, sum-normalised phi), both reading the source plainly; tests/scripts/test_bench_fused_read.py
+# checks that they stay the same
 SHIPPED = {"softmax": ["--fw-attention", "none"],
-           "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3"],
+           "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
-                               "sum", "--fw-encoder-conv", "3"]}
-# on request: the delta configuration with the aligned cross-attention (compare_attention's
-# dpfp2-delta-dec-align4-vconv3), whose cross-attention takes the fused read's aligned form (dispatch's "aligned")
+                               "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"]}
+# the translation models' defaults, compare_attention's dpfp2-delta-dec-align4-vconv3: the delta configuration with
+# the aligned cross-attention, whose cross-attention takes the fused read's aligned form (dispatch's "aligned")
 ALIGNED = {"dpfp2_delta_dec_align4": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                       "--fw-delta-norm", "sum", "--fw-cross-align", "4", "--fw-encoder-conv", "3"]}
-DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2"]
+DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2", *ALIGNED]
 UNFUSED = "_unfused"  # a name's suffix: the runner switches the fused read off (fairseq_run.py)
-NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax"), *ALIGNED,
-         *(name + UNFUSED for name in ALIGNED)]
+NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax")]
 MEAN_TOKENS = 31  # a generated sentence: 10..50 words (mean 30) and </s>
 STEADY_RULE = ("median of fairseq's train_inner wps over the intervals logged in epochs >= 2, less each epoch's "
                "first interval (it spans the epoch boundary)")

@@ -4,7 +4,7 @@
 # position aligns with, still a fast-weight memory written once per sentence. Trained with token-level unlikelihood
 # at alpha 2 beside label-smoothed cross-entropy: on the German catalog benchmark the aligned read alone keeps long
 # translations long but lets more of them run away than softmax; with the term it is the setting with fast weights in
-# every block that meets every long-output mark (docs/long_outputs_aligned_ul.md).
+# every block that meets every long-output mark (docs/long_outputs.md).
 TABLE1_ROW="DPFP + delta, aligned cross-attention, unlikelihood"
 TABLE1_DDOT=256
 CRITERION_ARGS=(--criterion fw_unlikelihood --unlikelihood-alpha 2)

@@ -84,7 +84,8 @@ CANDIDATES = {"previous": previous_tokens, "continuations": continuations}
 
 @dataclass
 class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    unlikelihood_alpha: float = field(default=1.0, metadata={"help": "weight of the unlikelihood term, >= 0"})
+    # 2: with the translation models' defaults the weight that meets every long-output mark (docs/long_outputs.md)
+    unlikelihood_alpha: float = field(default=2.0, metadata={"help": "weight of the unlikelihood term, >= 0"})
     unlikelihood_window: int = field(default=0, metadata={
         "help": "the candidates are the reference's last N tokens before each position; 0: all of them"})
     unlikelihood_candidates: ChoiceEnum(list(CANDIDATES)) = field(default="previous", metadata={
@@ -93,7 +94,7 @@ class UnlikelihoodConfig(LabelSmoothedCrossEntropyCriterionConfig):
 
 @register_criterion(NAME, dataclass=UnlikelihoodConfig)
 class UnlikelihoodCriterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(self, task, sentence_avg, label_smoothing, unlikelihood_alpha=1.0, unlikelihood_window=0,
+    def __init__(self, task, sentence_avg, label_smoothing, unlikelihood_alpha=2.0, unlikelihood_window=0,
                  unlikelihood_candidates="previous", ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if not unlikelihood_alpha >= 0:  # NaN included

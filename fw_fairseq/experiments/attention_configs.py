@@ -6,6 +6,9 @@ scripts/convert/convert_study.py converts a softmax model into some of them.
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
 NOPOS = ["--fw-decoder-positions", "none"]
+# A row without --fw-cross-align reads the source as the paper does: every row names its rules, and this its read,
+# so that a row stays the model it was measured as whatever the translation models' defaults
+PLAIN_READ = ["--fw-cross-align", "0"]
 
 
 def unlikelihood(alpha):
@@ -134,7 +137,7 @@ CONFIGS = {
     "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
                                               *CONV3]),
     # softmax cross-attention: on a long source it stays on a few positions where the fast weights' read spreads
-    # over most of them, and the translations start fewer loops (docs/long_outputs_onsets.md)
+    # over most of them, and the translations start fewer loops (docs/long_outputs_diagnosis.md)
     "dpfp2-delta-dec-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                     "--fw-delta-norm", "sum", "--fw-attention", "encoder,decoder",
                                                     *CONV3]),
@@ -176,7 +179,7 @@ CONFIGS = {
                                                       "--fw-decoder-conv", "5", *CONV3]),
     # no positional embedding in the decoder (--fw-decoder-positions none; the paper's delta-rule language models have
     # none): its fast-weight self-attention orders the target, so a long translation meets no position unseen in
-    # training. It lowers the valid loss and costs test BLEU (docs/long_outputs_positions.md)
+    # training. It lowers the valid loss and costs test BLEU (docs/long_outputs.md)
     "dpfp2-delta-dec-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                               "--fw-delta-norm", "sum", *NOPOS, *CONV3]),
     "dpfp2-delta-dec-dconv3-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
@@ -188,7 +191,7 @@ CONFIGS = {
                                                      "--fw-delta-norm", "sum", "--fw-cross-align", "4", *NOPOS,
                                                      *CONV3]),
     # trained with token-level unlikelihood (--criterion fw_unlikelihood, alpha 1): probability put on the
-    # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs_unlikelihood.md)
+    # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs.md)
     "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),
     "dpfp2-sum-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD]),
     # the candidates only the last 4 tokens (--unlikelihood-window 4, the longest n-gram the loop count looks for):
@@ -226,7 +229,7 @@ CONFIGS = {
                                                    "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3,
                                                    *UNLIKELIHOOD]),
     # the aligned read keeps the long translations' length that the term takes away; twice the term's weight for the
-    # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs_aligned_ul.md)
+    # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs.md)
     "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                    "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                    *unlikelihood("2")]),
@@ -278,10 +281,13 @@ PRESETS = {
 
 
 def config_flags(preset, config):
-    """A configuration's flags under a preset: a per-layer value (a function of the decoder's layers) spelled out."""
+    """A configuration's flags under a preset: a per-layer value (a function of the decoder's layers) spelled out,
+    and PLAIN_READ where a fast-weight row names no read of the source."""
     arch = PRESETS[preset][1]
     layers = int(arch[arch.index("--decoder-layers") + 1])
-    return [flag(layers) if callable(flag) else flag for flag in CONFIGS[config][1]]
+    kind, flags = CONFIGS[config]
+    read = PLAIN_READ if kind != "softmax" and "--fw-cross-align" not in flags else []
+    return [flag(layers) if callable(flag) else flag for flag in flags] + read
 
 
 def model_flags(preset, config, seed):

@@ -26,11 +26,12 @@ def add_fast_weight_args(parser):
 def set_fast_weight_defaults(args, family, **overrides):
     """Each flag's default in `family` (flag_table.FAMILIES), or the architecture's override of it (by
     FastWeightConfig field); values given on the command line win (fairseq's getattr convention), and args saved
-    before a flag existed get the value they were trained with (its `before`). The per-block rules stay None (they
-    follow --fw-update-rule), so that a record of them is written only when set. A Derived default is taken last,
-    from the others' final values."""
+    before a flag existed get the value they were trained with (its `before`). A per-block rule without a default
+    stays None (it follows --fw-update-rule), so that a record of it is written only when set. A Derived default is
+    taken last, from the others' final values and the names of the flags that had a value before."""
     if family not in FAMILIES:
         raise ValueError(f"set_fast_weight_defaults: family={family!r}; allowed: {FAMILIES}")
+    given = frozenset(flag.name for flag in FLAGS if getattr(args, flag.attr, None) is not None)
     derived = []
     for flag in FLAGS:
         if not hasattr(args, flag.attr) and flag.before is not None:
@@ -42,7 +43,7 @@ def set_fast_weight_defaults(args, family, **overrides):
             else:
                 setattr(args, flag.attr, default)
     for flag, default in derived:
-        setattr(args, flag.attr, default.of(args))
+        setattr(args, flag.attr, default.of(args, given))
 
 
 # An attention block's size flags: (model dim, its flag), (heads, its flag).

@@ -8,8 +8,10 @@ The demo runs the same pipeline as the WMT14 scripts, end to end:
   2. subwords sacremoses tokenisation (format placeholders such as %s kept whole) + joint BPE
               (subword-nmt), fairseq-preprocess
   3. train    fairseq-train --user-dir fw_fairseq, the same fixed number of updates per model:
-              softmax (standard Transformer), DPFP sum rule, DPFP delta rule (decoder), the
-              fast-weight ones with the encoder's convolution (the default)
+              softmax (standard Transformer); DPFP-2 with the paper's sum rule in every block;
+              the translation models' defaults: DPFP-2, the delta rule in the decoder, the aligned
+              cross-attention, trained with unlikelihood (--criterion fw_unlikelihood); both
+              fast-weight models with the encoder's convolution (the default)
   4. score    fairseq-generate (beam 4), detokenise, sacrebleu on the held-out test split
 
 A fixed number of updates, not a time budget: a slow or busy machine takes longer and prints the
@@ -30,7 +32,8 @@ from fw_fairseq.experiments import attention_runs, catalog_corpus
 from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-vconv3")  # the shipped defaults (--fw-encoder-conv 3)
+# softmax, the paper's sum rule, and the translation models' defaults with their criterion
+MODELS = ("softmax", "dpfp2-sum-vconv3", "dpfp2-delta-dec-align4-ul2-vconv3")
 STEPS = 4
 
 

@@ -49,7 +49,7 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-favor-redraw": "never",  # never: the translation models' default
         "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
-        "--fw-decoder-conv": "0", "--fw-cross-align": "0",
+        "--fw-decoder-conv": "0", "--fw-cross-align": "4",  # 4: the translation models' default
         "--fw-decoder-positions": "absolute"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])
@@ -57,7 +57,7 @@ def test_state_dict_records_what_the_attention_computes():
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
         "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0",
-        "--fw-cross-align": "0", "--fw-decoder-positions": "absolute"}
+        "--fw-cross-align": "4", "--fw-decoder-positions": "absolute"}
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
 
@@ -68,7 +68,7 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
     mixed = {"--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "dpfp",
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
              "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
-             "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0", "--fw-cross-align": "0",
+             "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0", "--fw-cross-align": "4",
              "--fw-decoder-positions": "absolute"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):

@@ -4,6 +4,7 @@ architecture families take their defaults from it, and the record and the readin
 import pytest
 
 from factories import parse_args, parse_model_args
+from fw_fairseq.models import transformer_fw as architecture
 from fw_fairseq.modules import flag_table
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig, with_later_flags
 
@@ -22,7 +23,7 @@ def test_each_family_takes_its_defaults_from_the_table(family, argv):
     config = FastWeightConfig.from_args(args)
     for flag in flag_table.FLAGS:
         default = flag.defaults.get(family)
-        default = default.of(args) if isinstance(default, flag_table.Derived) else default
+        default = default.of(args, frozenset()) if isinstance(default, flag_table.Derived) else default
         if flag.field in (None, "places") or default is None or (family == "lm" and flag.field == "dpfp_nu"):
             continue  # places: a set in the config; the tiny LM overrides nu
         assert getattr(config, flag.field) == default, flag.name
@@ -42,6 +43,28 @@ def test_each_family_takes_its_defaults_from_the_table(family, argv):
 ])
 def test_translation_delta_norm_follows_where_the_delta_rules_are(argv, norm):
     assert parse_model_args(argv).fw_delta_norm == norm
+
+
+def test_translation_defaults_to_the_delta_decoder_and_the_aligned_read():
+    config = FastWeightConfig.from_args(parse_model_args([]))
+    assert [config.rule(place) for place in ("encoder", "decoder", "cross")] == ["sum", "delta", "sum"]
+    assert (config.delta_norm, config.cross_align) == ("sum", 4)
+
+
+@pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
+def test_a_given_update_rule_reaches_the_decoder(rule):
+    config = FastWeightConfig.from_args(parse_model_args(["--fw-update-rule", rule]))
+    assert [config.rule(place) for place in ("encoder", "decoder", "cross")] == [rule] * 3
+
+
+def test_args_saved_before_the_delta_decoder_default_keep_their_rule():
+    # a model trained when the decoder followed --fw-update-rule saved it, and no --fw-decoder-rule
+    saved = parse_model_args(["--fw-update-rule", "sum", "--fw-cross-align", "0"])
+    assert saved.fw_decoder_rule is None
+    architecture.transformer_fw_small(saved)  # what fairseq runs on loading it
+    config = FastWeightConfig.from_args(saved)
+    assert (config.rule("decoder"), config.cross_align) == ("sum", 0)
+    assert config.settings()["--fw-update-rule"] == "sum"
 
 
 def test_a_flag_missing_from_older_args_takes_its_before_value():

@@ -3,7 +3,7 @@ parser, and a per-layer rule is spelled for the preset's count of decoder layers
 import pytest
 
 from factories import parse_args
-from fw_fairseq.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
+from fw_fairseq.experiments.attention_configs import CONFIGS, PLAIN_READ, PRESETS, config_flags, model_flags
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -21,4 +21,17 @@ def test_a_per_layer_rule_follows_the_presets_decoder_layers():
     assert decoder_rule("demo", "dpfp2-sum-delta-dec-l2-vconv3") == "sum,delta"
     assert decoder_rule("base", "dpfp2-sum-delta-dec-l2-vconv3") == "sum,delta,delta"
     assert decoder_rule("base", "dpfp2-delta-sum-dec-l2-vconv3") == "delta,delta,sum"
-    assert config_flags("demo", "dpfp2-sum-vconv3") == CONFIGS["dpfp2-sum-vconv3"][1]
+    assert config_flags("demo", "dpfp2-sum-vconv3") == CONFIGS["dpfp2-sum-vconv3"][1] + PLAIN_READ
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_row_names_its_rules_and_its_read_of_the_source(config):
+    """The translation models' defaults do not decide a row: its decoder's rule and its cross-attention's read are
+    those its flags name."""
+    args = parse_args("translation", model_flags("demo", config, seed=1))
+    flags = config_flags("demo", config)
+    if CONFIGS[config][0] != "softmax":
+        named = flags[flags.index("--fw-update-rule") + 1]
+        assert args.fw_decoder_rule == (flags[flags.index("--fw-decoder-rule") + 1] if "--fw-decoder-rule" in flags
+                                        else None) and args.fw_update_rule == named
+        assert args.fw_cross_align == int(flags[len(flags) - 1 - flags[::-1].index("--fw-cross-align") + 1])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from fw_fairseq.experiments.attention_configs import CONFIGS
+from fw_fairseq.experiments.attention_configs import config_flags
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
 
@@ -83,12 +83,12 @@ def test_the_rounds_interleave_every_configuration():
 
 
 def test_the_configurations_are_the_shipped_ones_and_table_1s():
-    rows = CONFIGS
-    assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == rows["dpfp2-sum-vconv3"][1]
-    assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == rows["dpfp2-delta-dec-vconv3"][1]
-    assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4"] == rows["dpfp2-delta-dec-align4-vconv3"][1]
-    assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2",
-                                                "--fw-encoder-conv", "0"]
+    assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == config_flags("demo", "dpfp2-sum-vconv3")
+    assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == config_flags("demo", "dpfp2-delta-dec-vconv3")
+    aligned = config_flags("demo", "dpfp2-delta-dec-align4-vconv3")
+    assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4"] == aligned
+    assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule",
+                                                "sum", "--fw-cross-align", "0", "--fw-encoder-conv", "0"]
 
 
 def test_an_unfused_configuration_is_its_twin_with_the_fused_read_switched_off_in_the_runner():
@@ -109,8 +109,9 @@ def test_the_runner_without_the_fused_read_sends_every_block_to_the_other_path(m
     from factories import build_model, random_tokens
     from fw_fairseq.ops.fused_read import dispatch
 
-    model, d = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--encoder-layers", "1",
-                            "--decoder-layers", "1"])
+    # the plain read of the source: the aligned one has a fused form of its own (fused_aligned_read_for)
+    model, d = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-cross-align", "0",
+                            "--encoder-layers", "1", "--decoder-layers", "1"])
     model.double().eval()
     g = torch.Generator().manual_seed(0)
     src, prev = random_tokens(d, 2, 5, g), random_tokens(d, 2, 4, g)

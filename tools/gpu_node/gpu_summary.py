@@ -61,7 +61,7 @@ def ops_targets(bench):
     return rows
 
 
-# (configuration, its floor of steady-state train words/s over softmax's): the shipped default and Table 1's DPFP-2
+# (configuration, its floor of steady-state train words/s over softmax's): the DPFP-2 sum rule and Table 1's DPFP-2
 # row at least as fast as softmax, the delta rule in the decoder (dpfp2_delta_dec) within 5%
 FAIRSEQ_FLOORS = (("dpfp2_sum", 1.0), ("table1_dpfp2", 1.0), ("dpfp2_delta_dec", 0.95))
 
