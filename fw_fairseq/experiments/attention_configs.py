@@ -256,6 +256,16 @@ CONFIGS = {
                                                          "--fw-favor-redraw", "never", "--fw-decoder-rule", "delta",
                                                          "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
                                                          *unlikelihood("2")]),
+    # FAVOR+ with the defaults runs to the length limit more often than softmax on the demo preset: twice the
+    # term's weight, or twice the random features (a closer estimate of softmax's kernel)
+    "favor-delta-dec-fixed-align4-ul4-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
+                                                         "--fw-favor-redraw", "never", "--fw-decoder-rule", "delta",
+                                                         "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
+                                                         *unlikelihood("4")]),
+    "favor256-delta-dec-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-favor-features", "256",
+                                                            "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
+                                                            "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
+                                                            "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

@@ -6,8 +6,8 @@
 
 The teacher is a fairseq `transformer`-family checkpoint (transformer, transformer_wmt_en_de_big,
 transformer_vaswani_wmt_en_de_big, ..., or a transformer_fw* with --fw-attention none). The result is a
-transformer_fw* checkpoint with the teacher's dims whose args carry the given --fw-* flags (the rest at
-CONVERSION_DEFAULTS, then the family's defaults) and whose settings record names the teacher ("converted-from"). Every teacher parameter is copied
+transformer_fw* checkpoint with the teacher's dims whose args carry the given --fw-* flags (the rest at their
+defaults) and whose settings record names the teacher ("converted-from"). Every teacher parameter is copied
 (embeddings, FFNs, norms, the q/k/v/out projections of every block); the parameters fast weights add start as close
 to the teacher as they can: the encoder's convolution at zero (it adds nothing), the output gate open (weights 0,
 bias GATE_BIAS_INIT: sigma = 0.993), beta and alpha as the flags set them, the learned maps at their own
@@ -86,19 +86,13 @@ def student_arch(args, path):
          f"fairseq TransformerModel architecture")
 
 
-# Where not given, a converted model keeps the teacher's reads: the sum rule in every block (its read weights are
-# what distillation matches to the teacher's, fw_attention_distillation) and the source read without the aligned
-# weighting, which the teacher's cross-attention never had; the family's defaults take the other flags
-CONVERSION_DEFAULTS = {"fw_update_rule": "sum", "fw_cross_align": 0}
-
-
 def student_args(teacher, arch, flags):
-    """The teacher's args with the fast-weight arch and the given --fw-* flags (CONVERSION_DEFAULTS, then the
-    family's defaults for the rest), checked as fairseq's parser checks them (heads, DPFP nu: one line)."""
+    """The teacher's args with the fast-weight arch and the given --fw-* flags (the family's defaults for the rest,
+    as fairseq-train gives them with the same flags), checked as fairseq's parser checks them (heads, DPFP nu: one
+    line)."""
     args = copy.deepcopy(teacher)
     for flag in FLAGS:
-        given = getattr(flags, flag.attr)
-        setattr(args, flag.attr, CONVERSION_DEFAULTS.get(flag.attr) if given is None else given)
+        setattr(args, flag.attr, getattr(flags, flag.attr))
     args.arch = args._name = arch
     ARCH_CONFIG_REGISTRY[arch](args)  # the family's defaults and check_shapes' one-line errors
     return args

@@ -3,7 +3,9 @@ compare_attention results file, the first --messages references of the test spli
 teacher-forced through its checkpoint (cast to float64), and each decoder layer's cross-attention weights are
 recomputed from the layer's projections and checked against the layer's own read:
 
-  fast weights   w_ts = phi(q_t) . phi(k_s) / (sum_s' phi(q_t) . phi(k_s') + Z_EPS), the sum rule's read of the source
+  fast weights   w_ts = phi(q_t) . phi(k_s) / (sum_s' phi(q_t) . phi(k_s') + Z_EPS), the sum rule's read of the source;
+                 aligned (--fw-cross-align P), each score phi(q_t) . phi(k_s) weighed by cos^2P of half the angle
+                 between t and s (fw_fairseq/modules/cross_align.py) before the normalisation
   softmax        w_ts = softmax_s(q_t . k_s / sqrt(d))
 
   spread         exp(entropy of w_t), the number of source positions the read mixes as if evenly, over the source's
@@ -26,6 +28,7 @@ import torch
 
 from diagnose_lengths import checkpoint_of, runs_with_checkpoints
 from diagnose_loops import load
+from fw_fairseq.modules.cross_align import align_factors, source_angles, target_angles
 from fw_fairseq.ops.common.z_column import Z_EPS
 from loop_reads import captured, heads
 
@@ -57,8 +60,19 @@ def weights(attn, query, key):
         phi_q = attn.block.features(q[None], is_query=True)[0]  # [H, T, E]
         phi_k = attn.block.features(k[None], is_query=False)[0]  # [H, S, E]
         scores = torch.einsum("hte,hse->hts", phi_q, phi_k)
+        if attn.cross_align:
+            scores = scores * alignment(attn.cross_align, q.size(1), k.size(1))[None]
         return scores / (scores.sum(-1, keepdim=True) + Z_EPS), v
     return torch.softmax(torch.einsum("htd,hsd->hts", q * attn.scaling, k), dim=-1), v
+
+
+def alignment(order, target_length, source_length):
+    """The aligned cross-attention's weights w(t, s) [T, S] of one unpadded source, float64."""
+    lengths = torch.tensor([float(source_length)], dtype=torch.float64)
+    target = torch.arange(target_length, dtype=torch.float64)[None]  # [1, T]
+    factors = (align_factors(target_angles(target, lengths), order)[0],
+               align_factors(source_angles(None, lengths, source_length), order)[0])  # [T, R], [S, R]
+    return factors[0] @ factors[1].T
 
 
 def spread_and_top(w):

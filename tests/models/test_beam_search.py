@@ -7,7 +7,8 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from factories import build_model, random_tokens
 from fw_fairseq.decoding import steps
-from fw_fairseq.decoding.source_memory import write_source
+from fw_fairseq.decoding.source_memory import write_positioned_source, write_source
+from fw_fairseq.modules import cross_align
 
 SENTENCES, BEAM = 3, 4
 
@@ -41,21 +42,28 @@ def assert_same_translations(got, expected):
 @pytest.fixture
 def memory_batches(monkeypatch):
     """The batch size of every cached source written (one write per cross-attention layer), in
-    either form (source_memory.py: the memory, or the keys and writes of a short source)."""
+    either form (source_memory.py: the memory, or the keys and writes of a short source), read plainly
+    or aligned (--fw-cross-align, the translation models' default)."""
     sizes = []
 
     def counting_write(rule, phi_k, v, *scalars):
         sizes.append(phi_k.shape[0])
         return write_source(rule, phi_k, v, *scalars)
 
+    def counting_positioned_write(rule, phi_k, factors, v, *scalars):
+        sizes.append(phi_k.shape[0])
+        return write_positioned_source(rule, phi_k, factors, v, *scalars)
+
     monkeypatch.setattr(steps, "write_source", counting_write)
+    monkeypatch.setattr(cross_align, "write_positioned_source", counting_positioned_write)
     return sizes
 
 
+@pytest.mark.parametrize("align", ["0", "4"])
 @pytest.mark.parametrize("feature_map,rule", [("dpfp", "sum"), ("favor", "delta"),
                                               ("dpfp", "gated_delta")])
-def test_generator_builds_the_source_memory_once_per_sentence(feature_map, rule, memory_batches):
-    model, d = build_model(fw_args(feature_map, rule))
+def test_generator_builds_the_source_memory_once_per_sentence(feature_map, rule, align, memory_batches):
+    model, d = build_model([*fw_args(feature_map, rule), "--fw-cross-align", align])
     generator = SequenceGenerator([model], d, beam_size=BEAM, max_len_b=12)
     shared = translate(generator, model, d)
     # 2 decoder layers: one memory each, per sentence and not per hypothesis

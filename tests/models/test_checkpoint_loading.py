@@ -215,11 +215,13 @@ def test_another_decoder_conv_is_refused_and_records_from_before_it_mean_none():
 def test_another_cross_align_is_refused_and_records_from_before_it_mean_none():
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-cross-align", "0"]
     plain, _ = build_model(fw)
     with pytest.raises(SystemExit, match=r"trained with --fw-cross-align 0, not 2"):
         build_model(fw + ["--fw-cross-align", "2"])[0].load_state_dict(plain.state_dict())
     build_model(fw, seed=1)[0].load_state_dict(recorded_before(plain, "--fw-cross-align"))  # the same attention
+    with pytest.raises(SystemExit, match=r"trained with --fw-cross-align 0, not 4"):  # not the default's
+        build_model(fw[:-2], seed=1)[0].load_state_dict(recorded_before(plain, "--fw-cross-align"))
     # softmax cross-attention: nothing to record
     assert "--fw-cross-align" not in decode(build_model(fw + ["--fw-attention", "encoder,decoder"])[0]
                                             .state_dict()[RECORD])

@@ -76,8 +76,6 @@ def test_shared_parameters_are_copied_and_new_ones_start_as_the_teacher(teacher)
     record = decode(after["model"]["fw_settings"])
     assert record[CONVERTED] == f"transformer_vaswani_wmt_en_de_big ({source})"
     assert record["--fw-feature-map"] == "t2r" and record["--fw-t2r-features"] == "8"
-    # not given: the teacher's reads, the sum rule in every block and the plain read of the source
-    assert (record["--fw-update-rule"], record["--fw-cross-align"]) == ("sum", "0")
 
 
 def test_converts_distils_trains_and_generates_through_the_clis(teacher):

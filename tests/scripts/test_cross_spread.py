@@ -8,10 +8,12 @@ import torch
 from factories import build_model, random_tokens
 
 CROSS = {
-    "fast weights": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum"],
+    "fast weights": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-cross-align", "0"],
+    "aligned": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-cross-align", "4"],
     "softmax": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder"],
 }
-AGREE = {"fast weights": 1e-10, "softmax": 1e-6}  # fairseq takes its softmax in float32 even in a float64 model
+# fairseq takes its softmax in float32 even in a float64 model
+AGREE = {"fast weights": 1e-10, "aligned": 1e-10, "softmax": 1e-6}
 
 
 def message(dictionary, source_length, seed=0):
