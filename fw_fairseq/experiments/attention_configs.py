@@ -266,6 +266,12 @@ CONFIGS = {
                                                             "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
                                                             "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
                                                             "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    # or the decoder's convolution, which cuts the loops of the base preset by 40-47%
+    "favor-delta-dec-fixed-align4-dconv3-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
+                                                                "--fw-favor-redraw", "never", "--fw-decoder-rule",
+                                                                "delta", "--fw-delta-norm", "sum", "--fw-cross-align",
+                                                                "4", "--fw-decoder-conv", "3", *CONV3,
+                                                                *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
