@@ -47,17 +47,17 @@ RUNNER = REPO / "benchmarks" / "fairseq_run.py"
 TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 # scripts/demo/compare_attention.py's rows dpfp2-sum-vconv3 (the sum rule) and dpfp2-delta-dec-vconv3 (the delta
-# rule in the decoder, sum-normalised phi), both reading the source plainly; tests/scripts/test_bench_fused_read.py
-# checks that they stay the same
+# rule in the decoder, sum-normalised phi), both reading the source plainly, and the defaults' row below;
+# tests/scripts/test_bench_fused_read.py checks that they stay the same
 SHIPPED = {"softmax": ["--fw-attention", "none"],
            "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
-                               "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"]}
-# the translation models' defaults, compare_attention's dpfp2-delta-dec-align4-vconv3: the delta configuration with
-# the aligned cross-attention, whose cross-attention takes the fused read's aligned form (dispatch's "aligned")
-ALIGNED = {"dpfp2_delta_dec_align4": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                               "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
+           # the translation models' defaults, compare_attention's dpfp2-delta-dec-align4-vconv3: the delta
+           # configuration with the aligned cross-attention, which takes the fused read's aligned form
+           "dpfp2_delta_dec_align4": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                       "--fw-delta-norm", "sum", "--fw-cross-align", "4", "--fw-encoder-conv", "3"]}
-DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2", *ALIGNED]
+DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2"]
 UNFUSED = "_unfused"  # a name's suffix: the runner switches the fused read off (fairseq_run.py)
 NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax")]
 MEAN_TOKENS = 31  # a generated sentence: 10..50 words (mean 30) and </s>
@@ -76,7 +76,7 @@ def config_flags(config=TABLE1_CONFIG):
 
 
 def configs():
-    flags = {**SHIPPED, "table1_dpfp2": config_flags(), **ALIGNED}
+    flags = {**SHIPPED, "table1_dpfp2": config_flags()}
     return {name: flags[name.removesuffix(UNFUSED)] for name in NAMES}
 
 

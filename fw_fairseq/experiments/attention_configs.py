@@ -9,6 +9,10 @@ NOPOS = ["--fw-decoder-positions", "none"]
 # A row without --fw-cross-align reads the source as the paper does: every row names its rules, and this its read,
 # so that a row stays the model it was measured as whatever the translation models' defaults
 PLAIN_READ = ["--fw-cross-align", "0"]
+# The translation models' defaults apart from the map, spelled out: the sum-normalised delta rule in the decoder, the
+# aligned read of the source; FAVOR+ with the sum rule elsewhere and its features drawn once
+DELTA_DEC, ALIGN4 = ["--fw-decoder-rule", "delta", "--fw-delta-norm", "sum"], ["--fw-cross-align", "4"]
+FAVOR_FIXED = ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never"]
 
 
 def unlikelihood(alpha):
@@ -246,31 +250,21 @@ CONFIGS = {
                                                    *unlikelihood("2")]),
     # the same maps with the delta rule in the decoder, as DPFP-2's row above: whether the rule that meets every mark
     # with DPFP-2 ends the runaways the sum rule leaves with FAVOR+ and ELU+1 on the demo preset
-    "elu-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum",
-                                                 "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
-                                                 "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    "elu-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *DELTA_DEC,
+                                                 *ALIGN4, *CONV3, *unlikelihood("2")]),
     "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                                      "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
-                                                      "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
-    "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
-                                                         "--fw-favor-redraw", "never", "--fw-decoder-rule", "delta",
-                                                         "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
+                                                      *DELTA_DEC, *ALIGN4, *CONV3, *unlikelihood("2")]),
+    "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3,
                                                          *unlikelihood("2")]),
     # FAVOR+ with the defaults runs to the length limit more often than softmax on the demo preset: twice the
     # term's weight, or twice the random features (a closer estimate of softmax's kernel)
-    "favor-delta-dec-fixed-align4-ul4-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
-                                                         "--fw-favor-redraw", "never", "--fw-decoder-rule", "delta",
-                                                         "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
+    "favor-delta-dec-fixed-align4-ul4-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3,
                                                          *unlikelihood("4")]),
-    "favor256-delta-dec-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-favor-features", "256",
-                                                            "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
-                                                            "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum",
-                                                            "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
+    "favor256-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, "--fw-favor-features", "256", *DELTA_DEC,
+                                                            *ALIGN4, *CONV3, *unlikelihood("2")]),
     # or the decoder's convolution, which cuts the loops of the base preset by 40-47%
-    "favor-delta-dec-fixed-align4-dconv3-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
-                                                                "--fw-favor-redraw", "never", "--fw-decoder-rule",
-                                                                "delta", "--fw-delta-norm", "sum", "--fw-cross-align",
-                                                                "4", "--fw-decoder-conv", "3", *CONV3,
+    "favor-delta-dec-fixed-align4-dconv3-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4,
+                                                                "--fw-decoder-conv", "3", *CONV3,
                                                                 *unlikelihood("2")]),
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",

@@ -34,4 +34,5 @@ def test_every_row_names_its_rules_and_its_read_of_the_source(config):
         named = flags[flags.index("--fw-update-rule") + 1]
         assert args.fw_decoder_rule == (flags[flags.index("--fw-decoder-rule") + 1] if "--fw-decoder-rule" in flags
                                         else None) and args.fw_update_rule == named
-        assert args.fw_cross_align == int(flags[len(flags) - 1 - flags[::-1].index("--fw-cross-align") + 1])
+        assert flags.count("--fw-cross-align") == 1
+        assert args.fw_cross_align == int(flags[flags.index("--fw-cross-align") + 1])
