@@ -3,33 +3,9 @@ optimiser every configuration shares under a preset. scripts/demo/compare_attent
 (scripts/demo/demo.py) trains a few of them, benchmarks/bench_train_cpu.py times their updates, and
 scripts/convert/convert_study.py converts a softmax model into some of them.
 """
-DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
-NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
-NOPOS = ["--fw-decoder-positions", "none"]
-# A row without --fw-cross-align reads the source as the paper does: every row names its rules, and this its read,
-# so that a row stays the model it was measured as whatever the translation models' defaults
-PLAIN_READ = ["--fw-cross-align", "0"]
-# The translation models' defaults apart from the map, spelled out: the sum-normalised delta rule in the decoder, the
-# aligned read of the source; FAVOR+ with the sum rule elsewhere and its features drawn once
-DELTA_DEC, ALIGN4 = ["--fw-decoder-rule", "delta", "--fw-delta-norm", "sum"], ["--fw-cross-align", "4"]
-FAVOR_FIXED = ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never"]
-
-
-def unlikelihood(alpha):
-    """Training with token-level unlikelihood at weight `alpha` (a string, as fairseq's flag takes it)."""
-    return ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha", alpha]
-
-
-UNLIKELIHOOD = unlikelihood("1")
-
-
-def last_layer_sum(rule):
-    """A --fw-decoder-rule per layer: `rule` in every decoder layer but the last, the sum rule there (spelled out
-    for a preset's depth by config_flags)."""
-    return lambda layers: ",".join([rule] * (layers - 1) + ["sum"])
-
-
-DELTA_THEN_SUM, DELTAZ_THEN_SUM = last_layer_sum("delta"), last_layer_sum("delta_z")
+from fw_fairseq.experiments.long_output_rows import LONG_OUTPUT_ROWS
+from fw_fairseq.experiments.row_flags import (CONV3, DELTAZ_THEN_SUM, DELTA_THEN_SUM, DPFP2, NOPOS, NO_CONV,
+                                              PLAIN_READ)
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
 # (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
 # only, where decoding cost grows with the output).
@@ -194,78 +170,7 @@ CONFIGS = {
     "dpfp2-delta-dec-align4-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                      "--fw-delta-norm", "sum", "--fw-cross-align", "4", *NOPOS,
                                                      *CONV3]),
-    # trained with token-level unlikelihood (--criterion fw_unlikelihood, alpha 1): probability put on the
-    # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs.md)
-    "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),
-    "dpfp2-sum-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD]),
-    # the candidates only the last 4 tokens (--unlikelihood-window 4, the longest n-gram the loop count looks for):
-    # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
-    "dpfp2-sum-ul1w4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
-                                        "--unlikelihood-window", "4"]),
-    # between the two: the last 8 tokens, about a quarter of a long message's subword tokens
-    "dpfp2-sum-ul1w8-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
-                                        "--unlikelihood-window", "8"]),
-    # half the weight (--unlikelihood-alpha 0.5), every previous token
-    "dpfp2-sum-ul05-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *unlikelihood("0.5")]),
-    # the candidates only the tokens that continue a repeat (--unlikelihood-candidates continuations): the last
-    # token and what followed it before, so that words a long message needs again are not pushed down
-    "dpfp2-sum-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3, *UNLIKELIHOOD,
-                                       "--unlikelihood-candidates", "continuations"]),
-    "dpfp2-delta-dec-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                             "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD,
-                                             "--unlikelihood-candidates", "continuations"]),
-    "dpfp2-delta-dec-align4-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
-                                                    "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
-                                                    *CONV3, *UNLIKELIHOOD, "--unlikelihood-candidates",
-                                                    "continuations"]),
-    "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                            "--fw-delta-norm", "sum", *CONV3, *UNLIKELIHOOD]),
-    "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                                   "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
-                                                   *UNLIKELIHOOD]),
-    # the decoder's convolution with the term: the convolution keeps the long translations' length on the base
-    # preset, the term ends the loops that run to the length limit on the demo preset
-    "dpfp2-sum-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3,
-                                             *UNLIKELIHOOD]),
-    "dpfp2-sum-dconv3-ul1c-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3,
-                                              *UNLIKELIHOOD, "--unlikelihood-candidates", "continuations"]),
-    "dpfp2-delta-dec-dconv3-ul1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                                   "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3,
-                                                   *UNLIKELIHOOD]),
-    # the aligned read keeps the long translations' length that the term takes away; twice the term's weight for the
-    # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs.md)
-    "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                                   "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3,
-                                                   *unlikelihood("2")]),
-    # the shipped sum rule with the same read and term: whether the default's rule needs the delta rule to meet them
-    "dpfp2-sum-align4-ul2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3,
-                                             *unlikelihood("2")]),
-    # the other shipped maps with the sum rule, the same read and term
-    "elu-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-cross-align",
-                                           "4", *CONV3, *unlikelihood("2")]),
-    "hedgehog-sum-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                                "--fw-cross-align", "4", *CONV3, *unlikelihood("2")]),
-    "favor-sum-fixed-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum",
-                                                   "--fw-favor-redraw", "never", "--fw-cross-align", "4", *CONV3,
-                                                   *unlikelihood("2")]),
-    # the same maps with the delta rule in the decoder, as DPFP-2's row above: whether the rule that meets every mark
-    # with DPFP-2 ends the runaways the sum rule leaves with FAVOR+ and ELU+1 on the demo preset
-    "elu-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *DELTA_DEC,
-                                                 *ALIGN4, *CONV3, *unlikelihood("2")]),
-    "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                                      *DELTA_DEC, *ALIGN4, *CONV3, *unlikelihood("2")]),
-    "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3,
-                                                         *unlikelihood("2")]),
-    # FAVOR+ with the defaults runs to the length limit more often than softmax on the demo preset: twice the
-    # term's weight, or twice the random features (a closer estimate of softmax's kernel)
-    "favor-delta-dec-fixed-align4-ul4-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3,
-                                                         *unlikelihood("4")]),
-    "favor256-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, "--fw-favor-features", "256", *DELTA_DEC,
-                                                            *ALIGN4, *CONV3, *unlikelihood("2")]),
-    # or the decoder's convolution, which cuts the loops of the base preset by 40-47%
-    "favor-delta-dec-fixed-align4-dconv3-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4,
-                                                                "--fw-decoder-conv", "3", *CONV3,
-                                                                *unlikelihood("2")]),
+    **LONG_OUTPUT_ROWS,
 }
 TRAIN = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr-scheduler", "inverse_sqrt",
          "--clip-norm", "1.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",

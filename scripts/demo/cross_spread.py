@@ -22,11 +22,10 @@ Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-from diagnose_lengths import checkpoint_of, runs_with_checkpoints
+from diagnose_lengths import add_run_arguments, checkpoint_of, read_results, runs_with_checkpoints
 from diagnose_loops import load
 from fw_fairseq.modules.cross_align import align_factors, source_angles, target_angles
 from fw_fairseq.ops.common.z_column import Z_EPS
@@ -135,18 +134,9 @@ def table(rows):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work-dir", type=Path, required=True, help="the compare_attention work dir of the preset")
-    parser.add_argument("--results", type=Path, required=True, help="a compare_attention results JSON")
-    parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
-    parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
-    parser.add_argument("--messages", type=int, default=200, help="messages of each split (default 200)")
-    parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
+    add_run_arguments(parser, messages=200)
     args = parser.parse_args(argv)
-    if not args.results.is_file():
-        parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
-    if args.messages < 1:
-        parser.error(f"--messages {args.messages}: at least 1")
-    results = json.loads(args.results.read_text())
+    results = read_results(parser, args)
     rows = {}
     for run in runs_with_checkpoints(parser, args, results):
         stats = run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin", args.messages)

@@ -75,6 +75,28 @@ def checkpoint_of(work_dir, run):
     return work_dir / "checkpoints" / name / "checkpoint_last.pt"
 
 
+def add_run_arguments(parser, messages=None):
+    """The arguments that choose the runs of a compare_attention results file and their checkpoints: --work-dir,
+    --results, --configs, --seeds and --out, and with a default number of `messages`, --messages."""
+    parser.add_argument("--work-dir", type=Path, required=True, help="the compare_attention work dir of the preset")
+    parser.add_argument("--results", type=Path, required=True, help="a compare_attention results JSON")
+    parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
+    parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
+    if messages is not None:
+        parser.add_argument("--messages", type=int, default=messages, help=f"messages of a split (default {messages})")
+
+
+def read_results(parser, args):
+    """The --results file's contents; stops with one line (through `parser`) where it is missing or --messages is
+    below 1."""
+    if not args.results.is_file():
+        parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
+    if getattr(args, "messages", 1) < 1:
+        parser.error(f"--messages {args.messages}: at least 1")
+    return json.loads(args.results.read_text())
+
+
 def runs_with_checkpoints(parser, args, results):
     """The runs of `results` that --configs and --seeds choose, in the file's order; stops with one line (through
     `parser`) where none is chosen or a chosen run has no checkpoint in --work-dir."""
@@ -131,19 +153,13 @@ def table(rows, subset, order=()):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work-dir", type=Path, required=True, help="the compare_attention work dir of the preset")
-    parser.add_argument("--results", type=Path, required=True, help="a compare_attention results JSON")
+    add_run_arguments(parser)
     parser.add_argument("--subset", default="test", choices=("test", "test_long"),
                         help="the split whose references are scored (the results file scores these two)")
-    parser.add_argument("--configs", nargs="+", help="these configurations only (default: every one in --results)")
-    parser.add_argument("--seeds", nargs="+", type=int, help="these seeds only (default: every one in --results)")
     parser.add_argument("--search", action="store_true",
                         help="also translate the split again and score its short translations against the references")
-    parser.add_argument("--out", type=Path, help="write PREFIX.md and PREFIX.json")
     args = parser.parse_args(argv)
-    if not args.results.is_file():
-        parser.error(f"--results {args.results}: no such file (a compare_attention results JSON)")
-    results = json.loads(args.results.read_text())
+    results = read_results(parser, args)
     chosen = sorted(runs_with_checkpoints(parser, args, results), key=lambda run: run["seed"])
     rows = [run_row(run, args.work_dir, args.subset, args.search) for run in chosen]
     order = list(results["configs"])
