@@ -82,4 +82,9 @@ LONG_OUTPUT_ROWS = {
                                                                  "0.25", *ALIGN4, *CONV3, *unlikelihood("2")]),
     "favor-delta-dec-fixed-bmax01-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, "--fw-delta-beta-max",
                                                                 "0.1", *ALIGN4, *CONV3, *unlikelihood("2")]),
+    # both: the smaller step and the decoder's convolution, the two that cut FAVOR+'s runs to the length limit most
+    "favor-delta-dec-fixed-bmax025-align4-dconv3-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC,
+                                                                        "--fw-delta-beta-max", "0.25", *ALIGN4,
+                                                                        "--fw-decoder-conv", "3", *CONV3,
+                                                                        *unlikelihood("2")]),
 }
