@@ -77,7 +77,7 @@ LONG_OUTPUT_ROWS = {
                                                                 "--fw-decoder-conv", "3", *CONV3,
                                                                 *unlikelihood("2")]),
     # FAVOR+'s keys put nearly all of phi on one feature, so the sum-normalised delta rule's write moves its key's
-    # slot most of the way, as the L2 rule's does: beta below 0.25 or 0.1 moves it a small share, as DPFP-2's do
+    # slot most of the way, as the L2 rule's does: beta below 0.25 or 0.1 moves it a small share, as Hedgehog's do
     "favor-delta-dec-fixed-bmax025-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, "--fw-delta-beta-max",
                                                                  "0.25", *ALIGN4, *CONV3, *unlikelihood("2")]),
     "favor-delta-dec-fixed-bmax01-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, "--fw-delta-beta-max",

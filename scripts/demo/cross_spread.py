@@ -20,12 +20,11 @@ Means over heads, steps and messages, per decoder layer, then over the seeds of 
 Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
 """
 import argparse
-import json
-import sys
 
 import torch
 
-from diagnose_lengths import add_run_arguments, checkpoint_of, read_results, runs_with_checkpoints
+from diagnose_lengths import (add_run_arguments, checkpoint_of, per_config, read_results, report,
+                              runs_with_checkpoints)
 from diagnose_loops import load
 from fw_fairseq.modules.cross_align import align_factors, source_angles, target_angles
 from fw_fairseq.ops.common.z_column import Z_EPS
@@ -137,21 +136,14 @@ def main(argv=None):
     add_run_arguments(parser, messages=200)
     args = parser.parse_args(argv)
     results = read_results(parser, args)
-    rows = {}
-    for run in runs_with_checkpoints(parser, args, results):
-        stats = run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin", args.messages)
-        rows.setdefault(run["config"], []).append({"seed": run["seed"], "stats": stats})
-        print(f"{run['config']} seed {run['seed']}: done", file=sys.stderr)
+    rows = per_config(runs_with_checkpoints(parser, args, results),
+                      lambda run: run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin",
+                                            args.messages))
     check = max(s["check"] for runs in rows.values() for run in runs for subset in SUBSETS for s in run["stats"][subset])
     text = (f"Cross-attention top weight and spread, the test split · test_long (the first {args.messages} messages "
             f"of each), means over the seeds; the weights' read agrees with the layers' own to {check:.1e}.\n\n"
             f"{table(rows)}\n")
-    print(text)
-    if args.out:
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"benchmark": "cross_spread", "results": str(args.results), "messages": args.messages, "configs": rows},
-            indent=1))
+    report(args, text, "cross_spread", messages=args.messages, configs=rows)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -97,6 +98,25 @@ def read_results(parser, args):
     return json.loads(args.results.read_text())
 
 
+def per_config(runs, stats_of):
+    """{config: [{"seed", "stats": stats_of(run)}]} of `runs`, in their order; each run said on stderr when done."""
+    rows = {}
+    for run in runs:
+        rows.setdefault(run["config"], []).append({"seed": run["seed"], "stats": stats_of(run)})
+        print(f"{run['config']} seed {run['seed']}: done", file=sys.stderr)
+    return rows
+
+
+def report(args, text, benchmark, **record):
+    """Prints `text`; with --out writes it to PREFIX.md and, to PREFIX.json, the benchmark's name, the --results
+    file and `record`."""
+    print(text)
+    if args.out:
+        args.out.with_suffix(".md").write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(
+            {"benchmark": benchmark, "results": str(args.results), **record}, indent=1))
+
+
 def runs_with_checkpoints(parser, args, results):
     """The runs of `results` that --configs and --seeds choose, in the file's order; stops with one line (through
     `parser`) where none is chosen or a chosen run has no checkpoint in --work-dir."""
@@ -163,13 +183,8 @@ def main(argv=None):
     chosen = sorted(runs_with_checkpoints(parser, args, results), key=lambda run: run["seed"])
     rows = [run_row(run, args.work_dir, args.subset, args.search) for run in chosen]
     order = list(results["configs"])
-    text = table(rows, args.subset, order)
-    print(text)
-    if args.out:  # the table can be drawn again from the JSON: table(runs, subset, configs)
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"benchmark": "diagnose_lengths", "results": str(args.results), "subset": args.subset,
-             "configs": order, "runs": rows}, indent=1))
+    # the table can be drawn again from the JSON: table(runs, subset, configs)
+    report(args, table(rows, args.subset, order), "diagnose_lengths", subset=args.subset, configs=order, runs=rows)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ gives each value per layer, first layer first (layer 0 / layer 1 / ...).
 Prints a markdown table; with --out writes PREFIX.md and PREFIX.json.
 """
 import argparse
-import json
-import sys
 
 import torch
 
-from diagnose_lengths import add_run_arguments, checkpoint_of, read_results, runs_with_checkpoints
+from diagnose_lengths import (add_run_arguments, checkpoint_of, per_config, read_results, report,
+                              runs_with_checkpoints)
 from diagnose_loops import load
-from loop_reads import captured, heads
+from loop_reads import betas, captured, heads
 
 BLOCKS = ("encoder", "decoder", "cross")  # the encoder's and the decoder's self-attention, the cross-attention
 
@@ -65,7 +64,7 @@ def block_stats(attn, query, key):
         stats = {"q": float(share(attn.phi(q[None], is_query=True)).mean()),
                  "k": float(share(attn.phi(k[None], is_query=False)).mean())}
         if "beta" in attn.rule.scalars:
-            beta = torch.sigmoid(attn.beta_proj(key).to(torch.float64))[:, 0].T * attn.beta_max  # [S, 1, H] -> [H, S]
+            beta = betas(attn, key)  # [H, S]
             phi_k = attn.block.features(k[None], is_query=False)[0]  # normalised as the rule normalises it
             stats.update(beta=float(beta.mean()), step=float((beta * (phi_k * phi_k).sum(-1)).mean()))
         return stats
@@ -113,22 +112,14 @@ def main(argv=None):
     parser.add_argument("--subset", default="test_long", choices=("test", "test_long"), help="default test_long")
     args = parser.parse_args(argv)
     results = read_results(parser, args)
-    rows = {}
-    for run in runs_with_checkpoints(parser, args, results):
-        if results["configs"][run["config"]]["kind"] == "softmax":
-            continue
-        stats = run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin", args.subset, args.messages)
-        rows.setdefault(run["config"], []).append({"seed": run["seed"], "stats": stats})
-        print(f"{run['config']} seed {run['seed']}: done", file=sys.stderr)
+    fast = [run for run in runs_with_checkpoints(parser, args, results)
+            if results["configs"][run["config"]]["kind"] != "softmax"]  # softmax blocks have no phi
+    rows = per_config(fast, lambda run: run_stats(checkpoint_of(args.work_dir, run), args.work_dir / "data-bin",
+                                                  args.subset, args.messages))
     text = (f"The share of one feature in phi, ||phi / sum(phi)||^2 (1: one feature holds it all), of the queries · "
             f"of the keys of each block, and the decoder's beta · step, per layer (layer 0 / 1 / ...), on "
             f"{args.subset} (the first {args.messages} messages), means over the seeds.\n\n{table(rows)}\n")
-    print(text)
-    if args.out:
-        args.out.with_suffix(".md").write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"benchmark": "feature_spread", "results": str(args.results), "subset": args.subset,
-             "messages": args.messages, "configs": rows}, indent=1))
+    report(args, text, "feature_spread", subset=args.subset, messages=args.messages, configs=rows)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ def heads(attn, x):
     return x.reshape(length, attn.num_heads, attn.head_dim).permute(1, 0, 2).to(torch.float64)
 
 
+def betas(attn, x):
+    """The delta rule's write strengths [H, T] of the written positions x [T, 1, C], float64."""
+    return torch.sigmoid(attn.beta_proj(x).to(torch.float64))[:, 0].T * attn.beta_max  # [T, 1, H] -> [H, T]
+
+
 def recompute(attn, x):
     """The layer's read recomputed in float64 from its projections, with its parts: dict of [H, T(, ...)] tensors."""
     with torch.no_grad():
@@ -62,7 +67,7 @@ def recompute(attn, x):
         length = q.size(1)
         out = {"phi_q": phi_q, "phi_k": phi_k, "v": v}
         if "beta" in attn.rule.scalars:
-            beta = torch.sigmoid(attn.beta_proj(x).to(torch.float64))[:, 0].T * attn.beta_max  # [H, T]
+            beta = betas(attn, x)  # [H, T]
             out["beta"] = beta
             if attn.rule.z_column:  # delta_z: z, the rule's memory of a constant 1, is the values' last column
                 v = append_z_column(v[None])[0]  # [H, T, D + 1]
