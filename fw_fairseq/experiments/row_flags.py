@@ -2,6 +2,7 @@
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 NO_CONV, CONV3 = ["--fw-encoder-conv", "0"], ["--fw-encoder-conv", "3"]
 NOPOS = ["--fw-decoder-positions", "none"]
+SUM, DCONV3 = ["--fw-update-rule", "sum"], ["--fw-decoder-conv", "3"]
 # A row without --fw-cross-align reads the source as the paper does: every row names its rules, and this its read,
 # so that a row stays the model it was measured as whatever the translation models' defaults
 PLAIN_READ = ["--fw-cross-align", "0"]
