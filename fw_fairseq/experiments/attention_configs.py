@@ -4,8 +4,8 @@ optimiser every configuration shares under a preset. scripts/demo/compare_attent
 scripts/convert/convert_study.py converts a softmax model into some of them.
 """
 from fw_fairseq.experiments.long_output_rows import LONG_OUTPUT_ROWS
-from fw_fairseq.experiments.row_flags import (CONV3, DELTAZ_THEN_SUM, DELTA_THEN_SUM, DPFP2, NOPOS, NO_CONV,
-                                              PLAIN_READ)
+from fw_fairseq.experiments.row_flags import (CONV3, DELTAZ_THEN_SUM, DELTA_THEN_SUM, DPFP2, FAVOR_AS_THE_OTHERS,
+                                              NOPOS, NO_CONV, PLAIN_READ)
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
 # (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
 # only, where decoding cost grows with the output).
@@ -197,12 +197,15 @@ PRESETS = {
 
 def config_flags(preset, config):
     """A configuration's flags under a preset: a per-layer value (a function of the decoder's layers) spelled out,
-    and PLAIN_READ where a fast-weight row names no read of the source."""
+    PLAIN_READ where a fast-weight row names no read of the source, and FAVOR_AS_THE_OTHERS's flags that a FAVOR+ row
+    does not name."""
     arch = PRESETS[preset][1]
     layers = int(arch[arch.index("--decoder-layers") + 1])
     kind, flags = CONFIGS[config]
     read = PLAIN_READ if kind != "softmax" and "--fw-cross-align" not in flags else []
-    return [flag(layers) if callable(flag) else flag for flag in flags] + read
+    favor = [text for flag, value in FAVOR_AS_THE_OTHERS.items() if flag not in flags
+             for text in (flag, value)] if "favor" in flags else []
+    return [flag(layers) if callable(flag) else flag for flag in flags] + read + favor
 
 
 def model_flags(preset, config, seed):

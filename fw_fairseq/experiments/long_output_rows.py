@@ -53,8 +53,8 @@ LONG_OUTPUT_ROWS = {
     "elu-delta-dec-align4-ul2-vconv3": ("fast", [*ELU, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
     "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", [*HEDGEHOG, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
     "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
-    # FAVOR+ with the defaults runs to the length limit more often than softmax on the demo preset: twice the
-    # term's weight, or twice the random features (a closer estimate of softmax's kernel)
+    # FAVOR+ with the other maps' defaults runs to the length limit more often than softmax on the demo preset:
+    # twice the term's weight, or twice the random features (a closer estimate of softmax's kernel)
     "favor-delta-dec-fixed-align4-ul4-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3,
                                                          *unlikelihood("4")]),
     "favor256-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, "--fw-favor-features", "256", *DELTA_DEC,
@@ -68,7 +68,8 @@ LONG_OUTPUT_ROWS = {
                                                                  *ALIGN4, *CONV3, *UL2]),
     "favor-delta-dec-fixed-bmax01-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *beta_max("0.1"), *ALIGN4,
                                                                 *CONV3, *UL2]),
-    # both: the smaller step and the decoder's convolution, the two that cut FAVOR+'s runs to the length limit most
+    # both: the smaller step and the decoder's convolution, the two that cut FAVOR+'s runs to the length limit most;
+    # the translation models' defaults with FAVOR+ (flag_table.FAVOR_DECODER)
     "favor-delta-dec-fixed-bmax025-align4-dconv3-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *beta_max("0.25"),
                                                                         *ALIGN4, *DCONV3, *CONV3, *UL2]),
 }

@@ -259,7 +259,7 @@ class FastWeightAttention(nn.Module):
             o = o + self.encoder_conv(projected.v, key_padding_mask)
         elif self.decoder_conv is not None:  # only on the causal path, likewise
             o = o + (self.decoder_conv(projected.v, key_padding_mask) if buffer is None
-                     else self.decoder_conv.step(buffer, projected.v))
+                     else self.decoder_conv.step(buffer, projected.v, key_padding_mask))
         return self.out_proj(o if self.output_gate is None else self.output_gate(query, o)), None
 
     # ------------------------------------------------------------ beam search

@@ -84,6 +84,20 @@ def _decoder_rule_of_translation(args, given) -> Optional[str]:
     return None if "--fw-update-rule" in given else "delta"
 
 
+# FAVOR+'s translation decoder: its trained keys put nearly all of phi on one random feature, so the delta rule's
+# sum-normalised write nearly overwrites its key's slot, and with the other maps' defaults its long translations run
+# past twice their reference more often than softmax's; a smaller beta and the decoder's convolution bring them to
+# softmax's count (docs/long_outputs.md#the-other-feature-maps-with-the-defaults-decoder)
+FAVOR_DECODER = {"--fw-delta-beta-max": 0.25, "--fw-decoder-conv": 3}
+
+
+def _favor_translation(flag, otherwise):
+    """The translation default of `flag` (a FAVOR_DECODER key): FAVOR_DECODER's with --fw-feature-map favor, else
+    `otherwise`. Args saved by a model trained before it have the flag, and keep their value."""
+    return Derived(lambda args, given: FAVOR_DECODER[flag] if args.fw_feature_map == "favor" else otherwise,
+                   f"`{otherwise}`; `{FAVOR_DECODER[flag]:g}` with `--fw-feature-map favor`")
+
+
 _PLACE_WORDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
                 "cross": "encoder-decoder attention"}
 # Translation's decoder: the delta rule, which with the aligned cross-attention (--fw-cross-align) and unlikelihood
@@ -128,8 +142,10 @@ FLAGS = (
     Flag("--fw-delta-beta-max", "beta_max", "beta = max * sigmoid(w_beta^T x) of the delta rules, max in "
          f"(0, {BETA_MAX}]: 1 keeps beta in (0, 1); 2 allows (0, 2), negative eigenvalues of the update (Grazzi et "
          "al. 2024); below 1 every write moves its key's slot at most max of the way to its value; the sum rule "
-         "has no beta and ignores it", dict(type=parse_beta_max, metavar="MAX"),
-         dict(translation=1, lm=1), before=1, recorded=_uses_rule_with(lambda rule: "beta" in rule.scalars),
+         "has no beta and ignores it; default 1, for translation models with FAVOR+ 0.25",
+         dict(type=parse_beta_max, metavar="MAX"),
+         dict(translation=_favor_translation("--fw-delta-beta-max", 1), lm=1), before=1,
+         recorded=_uses_rule_with(lambda rule: "beta" in rule.scalars),
          unrecorded="1"),
     Flag("--fw-dpfp-nu", "dpfp_nu", "DPFP nu, 1..2*d_key-1 (d_dot = 2*d_key*nu)",
          dict(type=int_at_least("--fw-dpfp-nu", 1), metavar="NU"), dict(translation=2, lm=2),
@@ -164,9 +180,11 @@ FLAGS = (
          "odd K >= 3 (default 3 for translation)", dict(type=parse_encoder_conv, metavar="K"),
          dict(translation=3, lm=0), before=0, recorded=lambda blocks: "encoder" in blocks.places, unrecorded="0"),
     Flag("--fw-decoder-conv", "decoder_conv", "decoder self-attention adds a causal depthwise convolution of width "
-         "K over its values (the position and the K - 1 before it) to its read (beyond the paper): 0 (off, the "
-         "default) or K >= 1", dict(type=int_at_least("--fw-decoder-conv", 0), metavar="K"),
-         dict(translation=0, lm=0), before=0, recorded=lambda blocks: "decoder" in blocks.places, unrecorded="0"),
+         "K over its values (the position and the K - 1 before it) to its read (beyond the paper): 0 (off) or K >= "
+         "1; default 0, for translation models with FAVOR+ 3", dict(type=int_at_least("--fw-decoder-conv", 0),
+                                                                    metavar="K"),
+         dict(translation=_favor_translation("--fw-decoder-conv", 0), lm=0), before=0,
+         recorded=lambda blocks: "decoder" in blocks.places, unrecorded="0"),
     # The paper's delta-rule language models need no positional encoding (section 6.3, Tables 3 and 4): the rule's
     # state orders the sequence, and a target longer than any in training meets no position it never saw
     Flag("--fw-decoder-positions", "decoder_positions", "absolute: the decoder adds fairseq's positional embedding "

@@ -91,10 +91,13 @@ class DecoderConv(ValueConv):
     def __init__(self, embed_dim: int, width: int):
         super().__init__(embed_dim, width, width - 1)  # width >= 1 (--fw-decoder-conv)
 
-    def step(self, buffer: Dict[str, Optional[Tensor]], v: Tensor) -> Tensor:
-        """Generation: the convolution of new values v [T, B, C] (one step: T = 1) after those the buffer kept; keeps
-        the last K - 1 in buffer["conv_tail"] [B, K - 1, C], zeros before the first step (the sentence's start)."""
+    def step(self, buffer: Dict[str, Optional[Tensor]], v: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+        """Generation: the convolution of new values v [T, B, C] (one step: T = 1; key_padding_mask [B, T], True at
+        padding, whose values count as zeros as in forward) after those the buffer kept; keeps the last K - 1 in
+        buffer["conv_tail"] [B, K - 1, C], zeros before the first step (the sentence's start)."""
         K = self.conv.weight.shape[-1]
+        if key_padding_mask is not None:
+            v = v.masked_fill(key_padding_mask.t()[..., None].bool(), 0.0)  # [B, T] -> [T, B, 1]
         tail = buffer.get("conv_tail")
         if tail is None:
             tail = v.new_zeros(v.shape[1], K - 1, v.shape[2])

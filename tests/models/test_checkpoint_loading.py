@@ -47,9 +47,9 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "favor",
         "--fw-update-rule": "delta", "--fw-favor-features": "8",  # nu does not apply to favor
         "--fw-favor-redraw": "never",  # never: the translation models' default
-        "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",  # l2: the translation models' default
+        "--fw-delta-beta-max": "0.25", "--fw-delta-norm": "l2",  # the translation models' defaults with FAVOR+
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
-        "--fw-decoder-conv": "0", "--fw-cross-align": "4",  # 4: the translation models' default
+        "--fw-decoder-conv": "3", "--fw-cross-align": "4",  # the translation models' defaults with FAVOR+
         "--fw-decoder-positions": "absolute"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
                              "--fw-delta-beta-max", "2"])

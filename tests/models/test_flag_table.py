@@ -51,6 +51,29 @@ def test_translation_defaults_to_the_delta_decoder_and_the_aligned_read():
     assert (config.delta_norm, config.cross_align) == ("sum", 4)
 
 
+@pytest.mark.parametrize("argv, beta_max, decoder_conv", [
+    (["--fw-feature-map", "favor"], 0.25, 3),  # FAVOR+'s translation defaults
+    (["--fw-feature-map", "favor", "--fw-delta-beta-max", "1", "--fw-decoder-conv", "0"], 1, 0),  # given: kept
+    (["--fw-feature-map", "favor", "--fw-decoder-conv", "5"], 0.25, 5),
+    ([], 1, 0),  # DPFP-2
+    (["--fw-feature-map", "hedgehog"], 1, 0),
+    (LM + ["--fw-feature-map", "favor"], 1, 0),  # language models keep the others' defaults
+])
+def test_favor_translation_models_take_a_smaller_beta_and_the_decoder_convolution(argv, beta_max, decoder_conv):
+    args = parse_args("language_modeling", argv) if argv[:1] == LM[:1] else parse_model_args(argv)
+    assert (args.fw_delta_beta_max, args.fw_decoder_conv) == (beta_max, decoder_conv)
+
+
+def test_args_saved_by_a_favor_model_keep_the_decoder_they_were_trained_with():
+    saved = parse_model_args(["--fw-feature-map", "favor", "--fw-delta-beta-max", "1", "--fw-decoder-conv", "0"])
+    architecture.transformer_fw_small(saved)  # what fairseq runs on loading it
+    assert (saved.fw_delta_beta_max, saved.fw_decoder_conv) == (1, 0)
+    older = parse_model_args(["--fw-feature-map", "favor", "--fw-delta-beta-max", "1"])
+    del older.fw_decoder_conv  # saved before --fw-decoder-conv existed: trained without the convolution
+    architecture.transformer_fw_small(older)
+    assert FastWeightConfig.from_args(older).decoder_conv == 0
+
+
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])
 def test_a_given_update_rule_reaches_the_decoder(rule):
     config = FastWeightConfig.from_args(parse_model_args(["--fw-update-rule", rule]))

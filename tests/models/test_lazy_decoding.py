@@ -52,6 +52,14 @@ def test_raw_key_cache_with_l2_normalised_keys(rule):
         _decode_across_the_switch(fw_args("dpfp", rule, delta_norm="l2"), rule)
 
 
+@pytest.mark.parametrize("feature_map", ["dpfp", "favor"])
+def test_the_decoder_convolution_counts_padded_targets_as_zeros_step_by_step(feature_map):
+    """A left-padded target's padding enters the convolution's window as zeros at each step, as in teacher forcing
+    (FAVOR+'s translation defaults have the convolution; here it is given to both maps)."""
+    with torch.no_grad():
+        _decode_across_the_switch(fw_args(feature_map, "delta") + ["--fw-decoder-conv", "3"], "delta")
+
+
 def _decode_across_the_switch(args, rule):
     model, d = build_model(args)
     attention = model.decoder.layers[0].self_attn

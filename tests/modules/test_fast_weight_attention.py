@@ -1,6 +1,7 @@
 """FastWeightAttention alone (float64): it computes the function its docstring states, on each of
 its three paths, for every rule, beta max and padding; its caches equal recomputation."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -30,9 +31,11 @@ def reference(attn, query, key, pad, causal, delta_norm="sum"):
     -> [T, B, C]. A causal query t reads the memory after writes 1..t, others the whole memory."""
     (T, B, _), S = query.shape, key.size(0)
     d = attn.head_dim
-    phi = elu_plus_one if attn.feature_map == "elu" else lambda x: dpfp(x, 2)
-    q = phi(attn.q_proj(query).view(T, B, H, d))  # [T, B, H, E]
-    k = phi(attn.k_proj(key).view(S, B, H, d))  # [S, B, H, E]
+    maps = {"elu": lambda x, _: elu_plus_one(x), "dpfp": lambda x, _: dpfp(x, 2),
+            "favor": lambda x, is_query: favor(attn.phi, x, is_query)}
+    phi = maps[attn.feature_map]
+    q = phi(attn.q_proj(query).view(T, B, H, d), True)  # [T, B, H, E]
+    k = phi(attn.k_proj(key).view(S, B, H, d), False)  # [S, B, H, E]
     v = attn.v_proj(key).view(S, B, H, d)
     rule, keep = attn.update_rule, (~pad).T.double()  # [S, B]
     if rule != "sum":  # --fw-delta-norm
@@ -64,6 +67,15 @@ def reference(attn, query, key, pad, causal, delta_norm="sum"):
     return attn.out_proj(torch.stack(out))
 
 
+def favor(phi, x, is_query):
+    """FAVOR+ as its docstring states it, of the heads x [..., d] -> [..., 2m] with its projection; a query's
+    exponents shifted by their maximum (the sum rule's eps sees it)."""
+    xs = x * x.shape[-1] ** -0.25
+    u, half = xs @ phi.projection.double().T, xs.pow(2).sum(-1, keepdim=True) / 2  # [..., m], [..., 1]
+    e = torch.cat([u - half, -u - half], dim=-1)  # [..., 2m]
+    return torch.exp(e - e.amax(-1, keepdim=True) if is_query else e) / math.sqrt(2 * u.shape[-1])
+
+
 def inputs(path, T=5, S=7, B=3, seed=1):
     g = torch.Generator().manual_seed(seed)
     query = torch.randn(T, B, C, generator=g, dtype=torch.float64)
@@ -77,7 +89,7 @@ def inputs(path, T=5, S=7, B=3, seed=1):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rule,beta_max", RULE_BETA)
-@pytest.mark.parametrize("feature_map,delta_norm", [("elu", "sum"), ("dpfp", "sum"), ("dpfp", "l2")])
+@pytest.mark.parametrize("feature_map,delta_norm", [("elu", "sum"), ("dpfp", "sum"), ("dpfp", "l2"), ("favor", "sum")])
 def test_module_computes_its_documented_function(path, rule, beta_max, feature_map, delta_norm):
     attn = attention(path, rule, feature_map, beta_max, delta_norm=delta_norm)
     query, key, pad = inputs(path)

@@ -25,9 +25,9 @@ def test_a_per_layer_rule_follows_the_presets_decoder_layers():
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_every_row_names_its_rules_and_its_read_of_the_source(config):
-    """The translation models' defaults do not decide a row: its decoder's rule and its cross-attention's read are
-    those its flags name."""
+def test_every_row_names_its_rules_its_read_of_the_source_and_favors_decoder(config):
+    """The translation models' defaults do not decide a row: its decoder's rule, its cross-attention's read and a FAVOR+
+    row's beta bound and decoder convolution are those its flags name."""
     args = parse_args("translation", model_flags("demo", config, seed=1))
     flags = config_flags("demo", config)
     if CONFIGS[config][0] != "softmax":
@@ -36,3 +36,7 @@ def test_every_row_names_its_rules_and_its_read_of_the_source(config):
                                         else None) and args.fw_update_rule == named
         assert flags.count("--fw-cross-align") == 1
         assert args.fw_cross_align == int(flags[flags.index("--fw-cross-align") + 1])
+    if "favor" in flags:  # a FAVOR+ row its beta's bound and decoder convolution, which FAVOR+'s defaults set apart
+        assert flags.count("--fw-delta-beta-max") == flags.count("--fw-decoder-conv") == 1
+        assert args.fw_delta_beta_max == float(flags[flags.index("--fw-delta-beta-max") + 1])
+        assert args.fw_decoder_conv == int(flags[flags.index("--fw-decoder-conv") + 1])

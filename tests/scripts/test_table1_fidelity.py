@@ -74,7 +74,8 @@ def test_config_has_the_papers_settings(name):
         return
     kind, size, decoder_rule = PAPER[name]
     # spelled out, not left to the architecture's defaults: a later default must not change a Table 1 row
-    pins = {"--fw-feature-map", "--fw-encoder-conv"} | ({"--fw-favor-redraw"} if kind is FavorPlus else set()) | (
+    pins = {"--fw-feature-map", "--fw-encoder-conv"} | (
+        {"--fw-favor-redraw", "--fw-decoder-conv"} if kind is FavorPlus else set()) | (
         {"--fw-delta-norm", "--fw-decoder-rule"} if decoder_rule == "delta" else set()) | (
         {"--fw-attention"} if name in SOFTMAX_CROSS else set()) | (
         {"--fw-cross-align"} if name in ALIGNED_CROSS else set())
@@ -85,7 +86,7 @@ def test_config_has_the_papers_settings(name):
         assert type(block.phi) is kind and block.head_dim == 64
         assert size is None or size == (block.phi.nu if kind is Dpfp else block.phi.num_features)
         assert block.update_rule == (decoder_rule if block.path == "causal" else "sum")
-        assert block.encoder_conv is None and block.output_gate is None  # not in the paper
+        assert block.encoder_conv is None and block.decoder_conv is None and block.output_gate is None  # not in it
         assert block.cross_align == (ALIGNED_CROSS.get(name, 0) if block.path == "cross" else 0)
         if kind is FavorPlus:
             assert not block.phi.fixed  # a new draw of R every training batch, as the paper

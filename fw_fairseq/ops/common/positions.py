@@ -4,7 +4,6 @@ h(j) per position (e.g. the aligned cross-attention's, fw_fairseq/modules/cross_
 That kernel is a plain dot product of wider features, phi(x) (x) g: the memory of a fast weight read is written
 over them, and (phi(q) (x) g(i)) . (phi(k) (x) h(j)) = (phi(q) . phi(k)) (g(i) . h(j)) lets the short order weigh
 its scores instead (dispatch.attend)."""
-import torch
 
 
 def with_positions(x, factors):
