@@ -72,9 +72,14 @@ class ValueConv(nn.Module):
 
     def forward(self, v: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         """The convolution of the values v [S, B, C] (key_padding_mask [B, S], True at padding): [S, B, C]."""
-        if key_padding_mask is not None:
-            v = v.masked_fill(key_padding_mask.t()[..., None].bool(), 0.0)  # [B, S] -> [S, B, 1]
-        return DepthwiseConv.apply(v, *self.weights(v.dtype), self.left)
+        return DepthwiseConv.apply(self.padded_as_zeros(v, key_padding_mask), *self.weights(v.dtype), self.left)
+
+    @staticmethod
+    def padded_as_zeros(v: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+        """v [S, B, C] with the positions key_padding_mask [B, S] marks (True at padding) set to zero."""
+        if key_padding_mask is None:
+            return v
+        return v.masked_fill(key_padding_mask.t()[..., None].bool(), 0.0)  # [B, S] -> [S, B, 1]
 
     def weights(self, dtype: torch.dtype):
         """w [C, K] and b [C] in dtype."""
@@ -96,8 +101,7 @@ class DecoderConv(ValueConv):
         padding, whose values count as zeros as in forward) after those the buffer kept; keeps the last K - 1 in
         buffer["conv_tail"] [B, K - 1, C], zeros before the first step (the sentence's start)."""
         K = self.conv.weight.shape[-1]
-        if key_padding_mask is not None:
-            v = v.masked_fill(key_padding_mask.t()[..., None].bool(), 0.0)  # [B, T] -> [T, B, 1]
+        v = self.padded_as_zeros(v, key_padding_mask)
         tail = buffer.get("conv_tail")
         if tail is None:
             tail = v.new_zeros(v.shape[1], K - 1, v.shape[2])
