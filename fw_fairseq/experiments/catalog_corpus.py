@@ -10,8 +10,9 @@ German msgstr). Shared by the demo (scripts/demo/demo.py) and the attention comp
                  (subword-nmt), fairseq-preprocess (data-bin/)
   make_long      long messages, held out beside the splits above (raw/{test,valid}_long.{en,de}): catalog
                  messages of 16-40 English words, topped up with messages joined from consecutive entries of one
-                 catalog that are in no ordinary split; none is trained on. The ordinary splits keep messages of
-                 2-12 words, so these test how a model trained on short messages translates long ones.
+                 catalog that are in no ordinary split (chosen by long_messages); none is trained on. The ordinary
+                 splits keep messages of 2-12 words, so these test how a model trained on short messages translates
+                 long ones.
   make_long_subwords  the long split through the ordinary split's tokeniser, BPE codes and dictionary
                  (data-bin/{test,valid}_long.en-de.*): fairseq-generate --gen-subset test_long
 
@@ -27,6 +28,8 @@ import sys
 from pathlib import Path
 
 from sacremoses import MosesTokenizer
+
+from fw_fairseq.experiments.long_messages import joined_pairs, long_pairs, split_long
 
 BIN = Path(sys.executable).parent
 LOCALE_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
@@ -94,57 +97,6 @@ def catalog_pairs(locale_dir, catalogs=None):
             if is_short(en, de):
                 pairs.setdefault(en, de)
     return sorted(pairs.items())
-
-
-LONG_WORDS = (16, 40)  # a long message's English words: from WMT's sentence lengths (about 25 on average)
-
-
-def _long_enough_de(en, de):
-    return len(de.split()) <= 2 * len(en.split())  # a German twice as long is a wrong or annotated entry
-
-
-def _join(pieces):
-    """Messages as one text: each piece ends a sentence (a full stop where it has no final punctuation)."""
-    return " ".join(p if p[-1] in ".!?:;" else p + "." for p in pieces)
-
-
-def long_pairs(catalogs, exclude):
-    """(natural, joined): pairs of LONG_WORDS English words, each list deduplicated (the first German kept) and
-    sorted. natural: catalog messages of that length. joined: consecutive messages of one catalog, each of 3 to 15
-    words and none an English message of `exclude` (the ordinary splits) or a natural one, joined (_join) until the
-    English reaches LONG_WORDS[0] words; a run that would pass LONG_WORDS[1] starts again at the piece that would."""
-    low, high = LONG_WORDS
-    natural, joined, seen = {}, {}, set(exclude)
-    for messages in catalogs.values():
-        for en, de in messages:
-            if low <= len(en.split()) <= high and _long_enough_de(en, de) and en not in seen:
-                natural.setdefault(en, de)
-    seen |= set(natural)
-    for messages in catalogs.values():
-        run = []
-        for en, de in messages:
-            if en in seen or not 3 <= len(en.split()) < low or not _long_enough_de(en, de):
-                continue  # not a piece: it does not break a run (the catalog's order is alphabetical anyway)
-            seen.add(en)
-            if run and sum(len(e.split()) for e, _ in run) + len(en.split()) > high:
-                run = []
-            run.append((en, de))
-            if sum(len(e.split()) for e, _ in run) >= low:
-                joined.setdefault(_join([e for e, _ in run]), _join([d for _, d in run]))
-                run = []
-    return sorted(natural.items()), sorted(joined.items())
-
-
-def split_long(natural, joined, size):
-    """{"test_long": ..., "valid_long": ...} of `size` pairs each where there are enough (else half each): natural
-    messages first, topped up with joined ones, shuffled with a fixed seed."""
-    natural, joined = list(natural), list(joined)
-    random.Random(0).shuffle(natural)
-    random.Random(0).shuffle(joined)
-    chosen = (natural + joined)[:2 * size]
-    random.Random(1).shuffle(chosen)
-    half = min(size, len(chosen) // 2)
-    return {"test_long": chosen[:half], "valid_long": chosen[half:2 * half]}
 
 
 def _write_split(raw, split, rows):
@@ -244,23 +196,6 @@ def make_long_subwords(work, what="corpus"):
                 os.replace(scratch / f"{name}.en-de.{lang}.{ext}", data / f"{split}.en-de.{lang}.{ext}")
 
 
-def joined_pairs(pairs, words=LONG_WORDS):
-    """Consecutive pairs of `pairs` joined (_join) into messages of `words` English words: a run is closed as soon as
-    it reaches the fewest, and restarted at a pair that would take it past the most."""
-    low, high = words
-    joined, run, length = [], [], 0
-    for en, de in pairs:
-        size = len(en.split())
-        if run and length + size > high:
-            run, length = [], 0
-        run.append((en, de))
-        length += size
-        if length >= low:
-            joined.append((_join([e for e, _ in run]), _join([d for _, d in run])))
-            run, length = [], 0
-    return joined
-
-
 def make_joined_train(work, source, what="corpus"):
     """A work directory whose training split is `source`'s plus its training pairs joined (joined_pairs, each pair
     used once more, in a long message), everything else `source`'s: the same test, valid and long splits, BPE codes
@@ -278,14 +213,15 @@ def make_joined_train(work, source, what="corpus"):
         (bpe / name).write_bytes((source / "bpe" / name).read_bytes())
     _apply_bpe(tok, bpe, ("joined",), what)
     for lang in ("en", "de"):
-        (bpe / f"train.{lang}").write_text((source / f"bpe/train.{lang}").read_text() + (bpe / f"joined.{lang}").read_text())
-        (raw / f"train.{lang}").write_text((source / f"raw/train.{lang}").read_text() + (raw / f"joined.{lang}").read_text())
+        for folder, name in ((bpe, "bpe"), (raw, "raw")):  # the training split, then its joined pairs
+            (folder / f"train.{lang}").write_text((source / name / f"train.{lang}").read_text()
+                                                  + (folder / f"joined.{lang}").read_text())
         for split in ("valid", "test", *LONG_SPLITS):
             (raw / f"{split}.{lang}").write_bytes((source / f"raw/{split}.{lang}").read_bytes())
     scratch = work / "train-bin"
     run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", bpe / "train",
-         "--destdir", scratch, "--srcdict", source / "data-bin/dict.en.txt", "--tgtdict", source / "data-bin/dict.de.txt",
-         "--workers", "2"], log=work / "preprocess_joined.log", what=what)
+         "--destdir", scratch, "--srcdict", source / "data-bin/dict.en.txt",
+         "--tgtdict", source / "data-bin/dict.de.txt", "--workers", "2"], log=work / "preprocess_joined.log", what=what)
     for path in sorted((source / "data-bin").iterdir()):
         if not path.name.startswith("train.") and path.name != "preprocess.log":
             (data / path.name).write_bytes(path.read_bytes())

@@ -1,7 +1,7 @@
 """The demo's and compare_attention's corpus: real English/German pairs from the machine's gettext catalogs."""
 import pytest
 
-from fw_fairseq.experiments import catalog_corpus as demo
+from fw_fairseq.experiments import catalog_corpus as demo, long_messages
 
 needs_catalogs = pytest.mark.skipif(not any(demo.LOCALE_DIR.glob("*.mo")),
                                     reason="no German gettext catalogs on this machine")
@@ -64,7 +64,7 @@ def test_long_pairs_keep_long_messages_and_join_the_excluded_middle_lengths():
         "b.mo": [(_words(14, "x"), _words(14, "y")), (_words(20, "long"), "other German"),  # a duplicate: first kept
                  (_words(2, "z"), _words(2, "zz"))],  # too short to be a piece
     }
-    natural, joined = demo.long_pairs(catalogs, exclude={_words(8, "train")})
+    natural, joined = long_messages.long_pairs(catalogs, exclude={_words(8, "train")})
     assert natural == [(_words(20, "long"), _words(22, "lang"))]
     assert joined == [(_words(13, "p") + ". " + _words(14, "r") + ".", _words(13, "q") + ". " + _words(14, "s") + ".")]
     assert all(16 <= len(en.split()) <= 40 for en, _ in natural + joined)
@@ -72,19 +72,19 @@ def test_long_pairs_keep_long_messages_and_join_the_excluded_middle_lengths():
 
 def test_a_joined_run_never_passes_the_longest():
     catalogs = {"a.mo": [(_words(15, "a"), "x " * 15), (_words(15, "b"), "y " * 15), (_words(15, "c"), "z " * 15)]}
-    _, joined = demo.long_pairs(catalogs, exclude=set())
+    _, joined = long_messages.long_pairs(catalogs, exclude=set())
     assert [len(en.split()) for en, _ in joined] == [30]  # a + b; c alone stays under 16 words
 
 
 def test_split_long_is_disjoint_fixed_and_natural_first():
     natural = [(f"n{i}", "") for i in range(5)]
     joined = [(f"j{i}", "") for i in range(10)]
-    splits = demo.split_long(natural, joined, size=4)
+    splits = long_messages.split_long(natural, joined, size=4)
     assert len(splits["test_long"]) == len(splits["valid_long"]) == 4
     chosen = splits["test_long"] + splits["valid_long"]
     assert len(set(chosen)) == 8 and set(natural) <= set(chosen)  # every natural message before any joined one
-    assert demo.split_long(natural, joined, size=4) == splits  # fixed seeds
-    few = demo.split_long(natural[:3], [], size=4)  # too few: half each
+    assert long_messages.split_long(natural, joined, size=4) == splits  # fixed seeds
+    few = long_messages.split_long(natural[:3], [], size=4)  # too few: half each
     assert len(few["test_long"]) == len(few["valid_long"]) == 1
 
 
@@ -130,9 +130,10 @@ def test_prepare_continues_and_adds_the_long_split_to_an_older_work_dir(tmp_path
 
 def test_joined_pairs_use_each_training_pair_once_in_order():
     pairs = [(_words(n, f"e{i}_"), _words(n, f"d{i}_")) for i, n in enumerate([5, 6, 7, 30, 12, 2, 3])]
-    joined = demo.joined_pairs(pairs)
+    joined = long_messages.joined_pairs(pairs)
     # 5 + 6 + 7 = 18 words; 30 alone is over 16; 12 + 2 + 3 = 17
     assert [len(en.split()) for en, _ in joined] == [18, 30, 17]
-    assert joined[0] == (demo._join([e for e, _ in pairs[:3]]), demo._join([d for _, d in pairs[:3]]))
-    restarted = demo.joined_pairs([(_words(15, "a"), "x"), (_words(30, "b"), "y"), (_words(2, "c"), "z")])
-    assert restarted == [(demo._join([_words(30, "b")]), "y.")]  # 15 + 30 > 40: the run restarts at the 30 words
+    join = long_messages.join_messages
+    assert joined[0] == (join([e for e, _ in pairs[:3]]), join([d for _, d in pairs[:3]]))
+    restarted = long_messages.joined_pairs([(_words(15, "a"), "x"), (_words(30, "b"), "y"), (_words(2, "c"), "z")])
+    assert restarted == [(join([_words(30, "b")]), "y.")]  # 15 + 30 > 40: the run restarts at the 30 words
