@@ -87,7 +87,7 @@ def _decoder_rule_of_translation(args, given) -> Optional[str]:
 # FAVOR+'s translation decoder: its trained keys put nearly all of phi on one random feature, so the delta rule's
 # sum-normalised write nearly overwrites its key's slot, and with the other maps' defaults its long translations run
 # past twice their reference more often than softmax's; a smaller beta and the decoder's convolution bring them to
-# softmax's count (docs/long_outputs.md#the-other-feature-maps-with-the-defaults-decoder)
+# softmax's count (docs/long_outputs_maps.md)
 FAVOR_DECODER = {"--fw-delta-beta-max": 0.25, "--fw-decoder-conv": 3}
 
 
