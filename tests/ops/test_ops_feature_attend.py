@@ -1,63 +1,20 @@
-"""cpu_short_read (a short sequence's read from raw heads, on csrc/cpu/feature_attend.cpp and delta_attend.cpp) against the plain compositions it
-replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog, FAVOR+). The sum rule: divide_by_z of
-(phi(q) phi(k)^T) [v; 1] (tril where causal), with padded keys' value rows zeroed; the causal delta rule:
-fast_weight_delta of normalised features, with padded positions at beta = 0. Outputs and gradients of every input in
-float64, its products through BLAS and through the kernel's own loops, every width of nu, padding, causal and not,
-both norms, the maps' exp where it underflows, gradcheck, no autograd; double backward refused; where it does not run
-it says so (None)."""
+"""cpu_short_read (a short sequence's read from raw heads, on csrc/cpu/feature_attend.cpp) against the plain
+composition it replaces, for each map with a row form there (DPFP-nu, ELU+1, Hedgehog, FAVOR+): the sum rule's
+divide_by_z of (phi(q) phi(k)^T) [v; 1] (tril where causal), with padded keys' value rows zeroed. Outputs and
+gradients of every input in float64, its products through BLAS and through the kernel's own loops, every width of nu,
+padding, causal and not, the maps' exp where it underflows, gradcheck, no autograd; double backward refused; where it
+does not run it says so (None); heads in the module's layout; the kernel's refusals. The delta rule's read:
+test_ops_feature_attend_delta.py."""
 import pytest
 import torch
 
-from fw_fairseq.ops import (FEATURE_MAPS, PHI_NORMS, append_z_column, divide_by_z, dpfp, elu_plus_one,
-                            fast_weight_attend, fast_weight_delta, feature_map)
-from fw_fairseq.ops.kernels import cpu_extension
-from fw_fairseq.ops.rules import raw_read
+from fw_fairseq.ops import append_z_column, divide_by_z, feature_map
 from fw_fairseq.ops.common.chunking import DELTA_ONE_CHUNK_MAX, SUM_CHUNK_SIZE
-from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
-from fw_fairseq.ops.maps.favor_function import favor_plus, orthogonal_gaussian
 from fw_fairseq.ops.common.read_order import short_order
+from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
+from fw_fairseq.ops.rules import raw_read
 from fw_fairseq.ops.rules.registry import RULES
-
-
-def favor_features(nu):
-    """FAVOR+'s m in these tests, from the cases' nu: never a multiple of a vector's lanes (the kernel's tails)."""
-    return 12 * nu - 5
-
-
-def projection(name, d, nu):
-    """FAVOR+'s R [m, d] for d-wide heads (float64, the same draw for the same d and nu); None for the other maps."""
-    if name != "favor":
-        return None
-    with torch.random.fork_rng():
-        torch.manual_seed(d * 100 + nu)
-        return orthogonal_gaussian(favor_features(nu), d, None, torch.float64)
-
-
-# the maps' plain formulas (feature_maps.py), by kernel name: x [..., d], nu (DPFP's; FAVOR+'s m from it), whether x
-# holds queries -> phi [..., E]
-PLAIN = {"dpfp": lambda x, nu, query: dpfp(x, nu), "elu": lambda x, nu, query: elu_plus_one(x),
-         "hedgehog": lambda x, nu, query: torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1),
-         "favor": lambda x, nu, query: favor_plus(x, projection("favor", x.shape[-1], nu).to(x.dtype), query)}
-
-
-def width(name, d, nu):
-    """E of map `name` for d-wide heads: its FeatureMap's out_dim (the width short_read is given)."""
-    return feature_map(name, d, nu=nu, m=favor_features(nu)).out_dim
-
-
-@pytest.fixture(autouse=True, params=[True, False], ids=["blas", "loops"])
-def products(request, monkeypatch):
-    if cpu_kernel(torch.zeros(1)) is None:
-        pytest.skip("fw_fairseq._cpu is not built")
-    if request.param and not cpu_kernel(torch.zeros(1)).feature_attend_blas():
-        pytest.skip("the loaded torch exports no BLAS")
-    monkeypatch.setattr(cpu_extension, "BLAS", request.param)
-
-
-def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
-    d = q.shape[-1]
-    return raw_read.cpu_short_read(name, nu, width(name, d, nu), RULES[rule], q, k, v, scalars, causal, norm, pad,
-                                     projection(name, d, nu))
+from short_read_cases import PLAIN, inputs, products, read, width  # noqa: F401  (products: the autouse fixture)
 
 
 def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):
@@ -72,11 +29,6 @@ def plain(q, k, v, nu, causal, pad=None, name="dpfp"):
         u = u.masked_fill(pad[:, None, :, None], 0.0)
     scores = PLAIN[name](q, nu, True) @ PLAIN[name](k, nu, False).transpose(-1, -2)
     return divide_by_z((scores.tril() if causal else scores) @ u)
-
-
-def inputs(B, H, Tq, T, d, M, seed, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, n, w, generator=g, dtype=dtype).requires_grad_() for n, w in ((Tq, d), (T, d), (T, M))]
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
@@ -199,75 +151,6 @@ def test_no_read_where_the_rule_takes_another_order(rule, causal, T):
     q, k, v = (x.detach() for x in inputs(1, 1, T, T, 4, 2, seed=6))
     scalars = () if rule == "sum" else (torch.rand(1, 1, T, dtype=torch.float64),) * (1 if rule == "delta" else 2)
     assert read(rule, "dpfp", q, k, v, scalars, 2, causal, None if rule == "sum" else "l2") is None
-
-
-def delta_plain(q, k, v, beta, nu, norm, name="dpfp"):
-    phi = PLAIN[name]
-    return fast_weight_delta(PHI_NORMS[norm](phi(q, nu, True)), PHI_NORMS[norm](phi(k, nu, False)), v, beta)[0]
-
-
-@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
-@pytest.mark.parametrize("norm", ["l2", "sum"])
-@pytest.mark.parametrize("B,H,T,d,nu,M", [(2, 3, 7, 4, 2, 6), (1, 2, 9, 3, 5, 2), (3, 2, 44, 64, 2, 64),
-                                         (1, 1, 1, 2, 1, 1), (2, 1, DELTA_ONE_CHUNK_MAX, 8, 2, 5)])
-def test_delta_matches_the_rule_on_normalised_features(name, norm, B, H, T, d, nu, M):
-    q, k, v = inputs(B, H, T, T, d, M, seed=T * 7 + d)
-    g = torch.Generator().manual_seed(T)
-    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
-    beta[0, :, T // 2:] = 0  # padded positions: beta 0 and zero values write nothing
-    v = v.detach().clone()
-    v[0, :, T // 2:] = 0
-    beta, v = beta.requires_grad_(), v.requires_grad_()
-    ours = read("delta", name, q, k, v, (beta,), nu, True, norm)
-    ref = delta_plain(q, k, v, beta, nu, norm, name)
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
-                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
-
-
-@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
-def test_delta_gradcheck_and_no_autograd(name):
-    q, k, v = inputs(1, 2, 4, 4, 3, 2, seed=8)
-    beta = torch.rand(1, 2, 4, dtype=torch.float64, requires_grad=True)
-    delta = lambda *x: read("delta", name, *x[:3], (x[3],), 2, True, "l2")  # noqa: E731
-    assert torch.autograd.gradcheck(delta, (q, k, v, beta))
-    with torch.no_grad():
-        torch.testing.assert_close(delta(q, k, v, beta), delta_plain(q, k, v, beta, 2, "l2", name), rtol=1e-10,
-                                   atol=1e-12)
-
-
-@pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
-@pytest.mark.parametrize("B,H,Tq,T,d,nu,M", [(2, 3, 5, 7, 4, 2, 16), (1, 2, 9, 4, 3, 1, 24), (3, 2, 30, 44, 64, 2, 64)])
-def test_non_causal_delta_matches_fast_weight_attend(name, B, H, Tq, T, d, nu, M):
-    """Encoder self- and teacher-forced cross-attention: every query reads the memory after the last write
-    (fast_weight_attend, the rule's function), Tq != T, padded positions at beta = 0 and zero values."""
-    q, k, v = inputs(B, H, Tq, T, d, M, seed=Tq * 5 + T)
-    g = torch.Generator().manual_seed(T)
-    beta = torch.rand(B, H, T, generator=g, dtype=torch.float64)
-    beta[0, :, : T // 3] = 0  # fairseq pads sources on the left
-    v = v.detach().clone()
-    v[0, :, : T // 3] = 0
-    beta, v = beta.requires_grad_(), v.requires_grad_()
-    ours = read("delta", name, q, k, v, (beta,), nu, False, "l2")
-    phi = PLAIN[name]
-    ref = fast_weight_attend(PHI_NORMS["l2"](phi(q, nu, True)), PHI_NORMS["l2"](phi(k, nu, False)), v, beta)
-    if not short_order(Tq, T, width(name, d, nu), M):
-        assert ours is None  # the memory's order is the cheaper: the rule runs it
-        return
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
-                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
-
-
-def test_non_causal_delta_gradcheck():
-    q, k, v = inputs(1, 2, 3, 5, 3, 8, seed=12)
-    beta = torch.rand(1, 2, 5, dtype=torch.float64, requires_grad=True)
-    delta = lambda *x: read("delta", "hedgehog", *x[:3], (x[3],), 0, False, "l2")  # noqa: E731
-    assert torch.autograd.gradcheck(delta, (q, k, v, beta))
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
