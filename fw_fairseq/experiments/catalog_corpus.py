@@ -213,8 +213,8 @@ def make_joined_train(work, source, what="corpus"):
         (bpe / name).write_bytes((source / "bpe" / name).read_bytes())
     _apply_bpe(tok, bpe, ("joined",), what)
     for lang in ("en", "de"):
-        for folder, name in ((bpe, "bpe"), (raw, "raw")):  # the training split, then its joined pairs
-            (folder / f"train.{lang}").write_text((source / name / f"train.{lang}").read_text()
+        for folder in (bpe, raw):  # the training split, then its joined pairs
+            (folder / f"train.{lang}").write_text((source / folder.name / f"train.{lang}").read_text()
                                                   + (folder / f"joined.{lang}").read_text())
         for split in ("valid", "test", *LONG_SPLITS):
             (raw / f"{split}.{lang}").write_bytes((source / f"raw/{split}.{lang}").read_bytes())

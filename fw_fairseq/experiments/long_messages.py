@@ -24,9 +24,8 @@ def join_messages(pieces):
 def long_pairs(catalogs, exclude):
     """(natural, joined): pairs of LONG_WORDS English words, each list deduplicated (the first German kept) and
     sorted. natural: catalog messages of that length. joined: consecutive messages of one catalog, each of 3 to 15
-    words and none an English message of `exclude` (the ordinary splits) or a natural one, joined (join_messages)
-    until the English reaches LONG_WORDS[0] words; a run that would pass LONG_WORDS[1] starts again at the piece
-    that would."""
+    words and none an English message of `exclude` (the ordinary splits) or a natural one, joined as joined_pairs
+    joins them."""
     low, high = LONG_WORDS
     natural, joined, seen = {}, {}, set(exclude)
     for messages in catalogs.values():
@@ -35,17 +34,14 @@ def long_pairs(catalogs, exclude):
                 natural.setdefault(en, de)
     seen |= set(natural)
     for messages in catalogs.values():
-        run = []
+        pieces = []
         for en, de in messages:
             if en in seen or not 3 <= len(en.split()) < low or not _long_enough_de(en, de):
                 continue  # not a piece: it does not break a run (the catalog's order is alphabetical anyway)
             seen.add(en)
-            if run and sum(len(e.split()) for e, _ in run) + len(en.split()) > high:
-                run = []
-            run.append((en, de))
-            if sum(len(e.split()) for e, _ in run) >= low:
-                joined.setdefault(join_messages([e for e, _ in run]), join_messages([d for _, d in run]))
-                run = []
+            pieces.append((en, de))
+        for en, de in joined_pairs(pieces):
+            joined.setdefault(en, de)
     return sorted(natural.items()), sorted(joined.items())
 
 
