@@ -14,7 +14,9 @@ from fw_fairseq.ops.common.read_order import short_order
 from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
 from fw_fairseq.ops.rules import raw_read
 from fw_fairseq.ops.rules.registry import RULES
-from short_read_cases import PLAIN, inputs, products, read, width  # noqa: F401  (products: the autouse fixture)
+# products: the autouse fixture (every test through BLAS and through the kernel's own loops)
+from short_read_cases import (PLAIN, assert_read_matches, inputs, products,  # noqa: F401
+                              read, width)
 
 
 def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):
@@ -45,11 +47,7 @@ def test_matches_the_plain_composition(name, causal, B, H, Tq, T, d, nu, M):
     if not causal and not short_order(Tq, T, width(name, d, nu), M + 1):
         assert ours is None  # the memory's order is the cheaper: the rule runs it
         return
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v), upstream),
-                             torch.autograd.grad(ref, (q, k, v), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-11)
+    assert_read_matches(ours, ref, (q, k, v), dict(rtol=1e-10, atol=1e-12), dict(rtol=1e-9, atol=1e-11))
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
@@ -68,11 +66,7 @@ def scaled_read_matches(name, scale, dtype, causal, seed, T):
     v = v.detach().to(dtype).requires_grad_()
     ours, ref = sum_read(q, k, v, 2, causal, name), plain(q, k, v, 2, causal, name=name)
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(ours, ref, **tol)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v), upstream),
-                             torch.autograd.grad(ref, (q, k, v), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, **tol)
+    assert_read_matches(ours, ref, (q, k, v), tol, tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -10,7 +10,9 @@ from fw_fairseq.ops import PHI_NORMS, fast_weight_attend, fast_weight_delta
 from fw_fairseq.ops.common.chunking import DELTA_ONE_CHUNK_MAX
 from fw_fairseq.ops.common.read_order import short_order
 from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
-from short_read_cases import PLAIN, inputs, products, read, width  # noqa: F401  (products: the autouse fixture)
+# products: the autouse fixture (every test through BLAS and through the kernel's own loops)
+from short_read_cases import (PLAIN, assert_read_matches, inputs, products,  # noqa: F401
+                              read, width)
 
 
 def delta_plain(q, k, v, beta, nu, norm, name="dpfp"):
@@ -32,11 +34,7 @@ def test_delta_matches_the_rule_on_normalised_features(name, norm, B, H, T, d, n
     beta, v = beta.requires_grad_(), v.requires_grad_()
     ours = read("delta", name, q, k, v, (beta,), nu, True, norm)
     ref = delta_plain(q, k, v, beta, nu, norm, name)
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
-                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
+    assert_read_matches(ours, ref, (q, k, v, beta), dict(rtol=1e-10, atol=1e-12), dict(rtol=1e-8, atol=1e-10))
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_MAPS))
@@ -68,11 +66,7 @@ def test_non_causal_delta_matches_fast_weight_attend(name, B, H, Tq, T, d, nu, M
     if not short_order(Tq, T, width(name, d, nu), M):
         assert ours is None  # the memory's order is the cheaper: the rule runs it
         return
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, (q, k, v, beta), upstream),
-                             torch.autograd.grad(ref, (q, k, v, beta), upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-8, atol=1e-10)
+    assert_read_matches(ours, ref, (q, k, v, beta), dict(rtol=1e-10, atol=1e-12), dict(rtol=1e-8, atol=1e-10))
 
 
 def test_non_causal_delta_gradcheck():
