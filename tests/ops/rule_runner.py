@@ -1,5 +1,5 @@
 """One way to call every implementation of the causal rules, shared by the ops tests (and the gates
-they draw: `make_alpha`). Helpers live here, not in conftest.py: a plain `from conftest import` would
+they draw: `make_alpha`; the comparison of a read and its gradients with its reference: `assert_read_matches`). Helpers live here, not in conftest.py: a plain `from conftest import` would
 find another directory's conftest when the whole suite runs."""
 import torch
 
@@ -47,3 +47,12 @@ def noncausal_reference(q, k, v, beta=None, alpha=None):
     rule without beta, the delta rule with beta, the gated rule with beta and alpha."""
     rule, scalars = rule_with("noncausal_reference", {"beta": beta, "alpha": alpha})
     return naive_noncausal(rule, q, k, v, *scalars.values())
+
+
+def assert_read_matches(ours, ref, leaves, tol, grad_tol):
+    """ours close to ref (tol), and their gradients towards `leaves` for one random upstream gradient (grad_tol)."""
+    torch.testing.assert_close(ours, ref, **tol)
+    upstream = torch.randn_like(ref)
+    for g_ours, g_ref in zip(torch.autograd.grad(ours, leaves, upstream), torch.autograd.grad(ref, leaves, upstream),
+                             strict=True):
+        torch.testing.assert_close(g_ours, g_ref, **grad_tol)

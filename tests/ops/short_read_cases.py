@@ -1,7 +1,6 @@
 """What the tests of cpu_short_read (test_ops_feature_attend*.py) share: the maps' plain formulas, FAVOR+'s
-projection for a head width, the read through the kernel, float64 inputs, the comparison of a read and its gradients
-with its reference, and the fixture that runs every test with the kernel's products through BLAS and through its own
-loops."""
+projection for a head width, the read through the kernel, float64 inputs, and the fixture that runs every test with
+the kernel's products through BLAS and through its own loops."""
 import pytest
 import torch
 
@@ -58,10 +57,3 @@ def inputs(B, H, Tq, T, d, M, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, n, w, generator=g, dtype=dtype).requires_grad_() for n, w in ((Tq, d), (T, d), (T, M))]
 
-
-def assert_read_matches(ours, ref, leaves, tol, grad_tol):
-    """ours close to ref (tol), and their gradients towards `leaves` for one random upstream gradient (grad_tol)."""
-    torch.testing.assert_close(ours, ref, **tol)
-    upstream = torch.randn_like(ref)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, leaves, upstream), torch.autograd.grad(ref, leaves, upstream)):
-        torch.testing.assert_close(g_ours, g_ref, **grad_tol)

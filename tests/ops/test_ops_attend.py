@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fw_fairseq.ops import fast_weight_attend
-from rule_runner import noncausal_reference as naive_noncausal
+from rule_runner import assert_read_matches, noncausal_reference as naive_noncausal
 
 
 @pytest.mark.parametrize("delta", [False, True])
@@ -16,12 +16,8 @@ def test_attend_matches_naive_noncausal_outputs_and_grads(make_inputs, delta, T,
     q = make_inputs(T=Tq, E=E, M=M, seed=5, requires_grad=True)[0]
     b = beta if delta else None
     ours, ref = fast_weight_attend(q, k, v, b), naive_noncausal(q, k, v, b)
-    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(ref)
-    inputs = [q, k, v] + ([beta] if delta else [])
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, inputs, upstream),
-                             torch.autograd.grad(ref, inputs, upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-11)
+    assert_read_matches(ours, ref, [q, k, v] + ([beta] if delta else []), dict(rtol=1e-10, atol=1e-12),
+                        dict(rtol=1e-9, atol=1e-11))
 
 
 def test_attend_gradcheck(make_inputs):

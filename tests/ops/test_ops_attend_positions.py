@@ -7,7 +7,7 @@ import torch
 from fw_fairseq.ops.common.positions import with_positions
 from fw_fairseq.ops.common.read_order import short_order
 from fw_fairseq.ops.rules.registry import RULES
-from rule_runner import make_alpha, noncausal_reference
+from rule_runner import assert_read_matches, make_alpha, noncausal_reference
 
 
 def unit_factors(B, T, R, seed):
@@ -34,11 +34,7 @@ def test_positions_match_the_wide_features_outputs_and_grads(make_inputs, rule, 
     """With autograd the sum rule weighs its scores where the order is short; the delta rules (and every rule on
     a long read) write the memory of the wide features."""
     ours, reference, inputs = read_both_ways(make_inputs, rule, T, Tq, E, M, R, requires_grad=True)
-    torch.testing.assert_close(ours, reference, rtol=1e-10, atol=1e-12)
-    upstream = torch.randn_like(reference)
-    for g_ours, g_ref in zip(torch.autograd.grad(ours, inputs, upstream),
-                             torch.autograd.grad(reference, inputs, upstream)):
-        torch.testing.assert_close(g_ours, g_ref, rtol=1e-9, atol=1e-11)
+    assert_read_matches(ours, reference, inputs, dict(rtol=1e-10, atol=1e-12), dict(rtol=1e-9, atol=1e-11))
 
 
 @pytest.mark.parametrize("rule", ["sum", "delta", "gated_delta"])

@@ -14,9 +14,9 @@ from fw_fairseq.ops.common.read_order import short_order
 from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS, cpu_kernel
 from fw_fairseq.ops.rules import raw_read
 from fw_fairseq.ops.rules.registry import RULES
+from rule_runner import assert_read_matches
 # products: the autouse fixture (every test through BLAS and through the kernel's own loops)
-from short_read_cases import (PLAIN, assert_read_matches, inputs, products,  # noqa: F401
-                              read, width)
+from short_read_cases import PLAIN, inputs, products, read, width  # noqa: F401
 
 
 def sum_read(q, k, v, nu, causal, name="dpfp", pad=None):

@@ -10,9 +10,9 @@ from fw_fairseq.ops import PHI_NORMS, fast_weight_attend, fast_weight_delta
 from fw_fairseq.ops.common.chunking import DELTA_ONE_CHUNK_MAX
 from fw_fairseq.ops.common.read_order import short_order
 from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
+from rule_runner import assert_read_matches
 # products: the autouse fixture (every test through BLAS and through the kernel's own loops)
-from short_read_cases import (PLAIN, assert_read_matches, inputs, products,  # noqa: F401
-                              read, width)
+from short_read_cases import PLAIN, inputs, products, read, width  # noqa: F401
 
 
 def delta_plain(q, k, v, beta, nu, norm, name="dpfp"):
