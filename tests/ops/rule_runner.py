@@ -1,6 +1,7 @@
 """One way to call every implementation of the causal rules, shared by the ops tests (and the gates
-they draw: `make_alpha`; the comparison of a read and its gradients with its reference: `assert_read_matches`). Helpers live here, not in conftest.py: a plain `from conftest import` would
-find another directory's conftest when the whole suite runs."""
+they draw: `make_alpha`; the comparison of a read and its gradients with its reference: `assert_read_matches`).
+Helpers live here, not in conftest.py: a plain `from conftest import` would find another directory's conftest
+when the whole suite runs."""
 import torch
 
 from fw_fairseq.ops import RULES, fast_weight_delta, fast_weight_gated_delta, fast_weight_sum

@@ -56,4 +56,3 @@ def read(rule, name, q, k, v, scalars, nu, causal, norm, pad=None):
 def inputs(B, H, Tq, T, d, M, seed, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, n, w, generator=g, dtype=dtype).requires_grad_() for n, w in ((Tq, d), (T, d), (T, M))]
-
