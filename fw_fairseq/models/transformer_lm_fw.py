@@ -137,10 +137,10 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
         """Without `fw_state`: fairseq's forward (every segment starts from empty fast weights)."""
         if fw_state is None:
             return self.decoder(src_tokens, src_lengths=src_lengths, **kwargs)
-        if self.training and self.decoder.args.fw_feature_map == "favor":
+        if self.training and FastWeightConfig.from_args(self.decoder.args).redraws_features:
             raise ValueError("--fw-carry-state with --fw-feature-map favor: FAVOR+ redraws its "
                              "random features at every training forward, so a carried state "
-                             "would mix feature spaces; use elu or dpfp")
+                             "would mix feature spaces; use --fw-favor-redraw never or another map")
         return self.decoder.forward_segment(src_tokens, fw_state)
 
 

@@ -141,6 +141,12 @@ class FastWeightConfig:
         except argparse.ArgumentTypeError as err:
             raise ValueError(str(err)) from None
 
+    @property
+    def redraws_features(self) -> bool:
+        """Whether every training forward maps into new random features (FAVOR+ with --fw-favor-redraw batch), so
+        that a state carried from one forward to the next would mix feature spaces."""
+        return self.feature_map == "favor" and self.favor_redraw == "batch"
+
     def uses(self, place: str) -> bool:
         return place in self.places
 

@@ -23,6 +23,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from fw_fairseq.models.transformer_lm_fw import CarriedState
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.modules.fast_weight_flags import cli_error
 
 
@@ -131,10 +132,11 @@ class StreamLanguageModelingTask(LanguageModelingTask):
                                 f"fast-weight state to carry; allowed: --arch transformer_lm_fw*")
             # fairseq-train builds from the arguments; evaluation from a checkpoint, where
             # FAVOR+'s features are fixed and a carried state stays in one feature space
-            if not from_checkpoint and args.fw_feature_map == "favor":
+            if not from_checkpoint and FastWeightConfig.from_args(args).redraws_features:
                 raise cli_error("argument --fw-carry-state: FAVOR+ redraws its random features at "
                                 "every training step, so a carried state would mix feature "
-                                "spaces; allowed in training with --fw-feature-map elu or dpfp")
+                                "spaces; allowed in training: --fw-favor-redraw never, or "
+                                "another --fw-feature-map")
         return super().build_model(args, from_checkpoint)
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,

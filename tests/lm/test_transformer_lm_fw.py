@@ -73,6 +73,16 @@ def test_carry_state_refuses_absolute_positions_and_favor_training():
         model.train()(tokens, fw_state=CarriedState())
 
 
+def test_carry_state_trains_favor_with_fixed_features():
+    model, d = build_lm("transformer_lm_fw_tiny", SMALL + fw("favor", "sum") + [
+        "--no-token-positional-embeddings", "--fw-favor-redraw", "never"])
+    tokens = random_tokens(d, 1, 8, torch.Generator().manual_seed(4))
+    state = CarriedState()
+    model.train()(tokens[:, :4], fw_state=state)
+    logits, _ = model(tokens[:, 4:], fw_state=state)
+    assert torch.isfinite(logits).all()
+
+
 def test_language_model_refuses_a_state_dict_of_other_settings():
     trained, _ = build_lm("transformer_lm_fw_tiny", ["--fw-update-rule", "sum"])
     model, _ = build_lm("transformer_lm_fw_tiny")  # the architecture's delta rule
