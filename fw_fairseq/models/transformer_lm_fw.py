@@ -110,6 +110,7 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
                                       no_encoder_attn=True)
         model = cls(decoder)
         model.record_fast_weight_settings(config)
+        model.fw_config = config  # asked at every carried-state forward: parsed once, here
         return model
 
     @classmethod
@@ -137,7 +138,7 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
         """Without `fw_state`: fairseq's forward (every segment starts from empty fast weights)."""
         if fw_state is None:
             return self.decoder(src_tokens, src_lengths=src_lengths, **kwargs)
-        if self.training and FastWeightConfig.from_args(self.decoder.args).redraws_features:
+        if self.training and self.fw_config.redraws_features:
             raise ValueError("--fw-carry-state with --fw-feature-map favor: FAVOR+ redraws its "
                              "random features at every training forward, so a carried state "
                              "would mix feature spaces; use --fw-favor-redraw never or another map")
