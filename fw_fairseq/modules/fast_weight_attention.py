@@ -112,7 +112,7 @@ class FastWeightAttention(nn.Module):
         # The learned maps' (T2R, trainable Hedgehog) per-head parameters live here too: `t2r.linear.weight`.
         self.add_module(self.feature_map, feature_map(
             self.feature_map, self.head_dim, nu=config.dpfp_nu, m=config.favor_features,
-            fixed=config.favor_redraw == "never", heads=num_heads, t2r_features=config.t2r_features,
+            fixed=not config.redraws_features, heads=num_heads, t2r_features=config.t2r_features,
             trainable=config.hedgehog_trainable))
         self.block = Block.of(self.rule, self.phi, self.delta_norm)  # a plain attribute: phi stays registered once
         self.reset_parameters()
