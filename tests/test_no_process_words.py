@@ -1,5 +1,5 @@
 """The repository speaks to its users: no words about how it was made in its text files or in its file and folder
-names, and the README's table of --fw-* flags is fw_fairseq/modules/flag_table.py's.
+names, and the README's table of --fw-* flags is fw_fairseq/modules/flag_table.py's, with each preset's values.
 
 The text files are those git knows (tracked, or new and not ignored) ending in .md, .py, .sh, .txt, .cfg or .toml;
 the names are every such path's folders and file name."""
@@ -61,26 +61,26 @@ def test_the_patterns_find_what_they_are_for():
 
 
 def flag_rows():
-    """The README's rows of the --fw-* table, as flag_table.py gives them: flag, values, default of each family."""
-    from fw_fairseq.modules.flag_table import FLAGS, Derived
+    """The README's rows of the --fw-* table, as flag_table.py gives them: flag, values, its value in each preset."""
+    from fw_fairseq.modules.flag_table import FAVOR, FLAGS, PRESETS, Derived
 
     def values(flag):
         choices = flag.options.get("choices")
         return ", ".join(f"`{c}`" for c in choices) if choices else f"`{flag.options.get('metavar')}`"
 
-    def default(value):
-        if value is None:
-            return "`--fw-update-rule`"  # the per-block rules
-        if isinstance(value, Derived):
-            return value.text
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        return f"`{value}`"
+    def shown(value):
+        return int(value) if isinstance(value, bool) or (isinstance(value, float) and value.is_integer()) else value
 
-    return {flag.name: f"| `{flag.name}` | {values(flag)} | {default(flag.defaults.get('translation'))} | "
-                       f"{default(flag.defaults.get('lm'))} |" for flag in FLAGS}
+    def default(flag, preset):
+        if flag.name == "--fw-preset":
+            return f"`{preset}`"
+        value, favor = PRESETS[preset].get(flag.name), FAVOR.get(preset, {}).get(flag.name)
+        text = "`--fw-update-rule`" if value is None else value.text if isinstance(value, Derived) else \
+            f"`{shown(value)}`"  # a per-block rule absent from a preset follows --fw-update-rule
+        return text if favor is None else f"{text}; `{shown(favor)}` with `--fw-feature-map favor`"
+
+    return {flag.name: f"| `{flag.name}` | {values(flag)} | "
+                       + " | ".join(default(flag, preset) for preset in PRESETS) + " |" for flag in FLAGS}
 
 
 def test_readme_flag_table_is_the_flag_table():

@@ -8,4 +8,4 @@
 TABLE1_ROW="DPFP + delta, aligned cross-attention, unlikelihood"
 TABLE1_DDOT=256
 CRITERION_ARGS=(--criterion fw_unlikelihood --unlikelihood-alpha 2)
-FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule sum --fw-decoder-rule delta --fw-delta-norm sum --fw-cross-align 4 --fw-encoder-conv 0)
+FW_ARGS=(--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 2 --fw-decoder-rule delta --fw-cross-align 4)

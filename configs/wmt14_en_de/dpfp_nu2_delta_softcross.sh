@@ -5,4 +5,4 @@
 # setting measured (docs/long_outputs.md). Its decoding step reads every source position, as softmax's does.
 TABLE1_ROW="DPFP + delta, softmax cross-attention"
 TABLE1_DDOT=256
-FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-attention encoder,decoder --fw-update-rule sum --fw-decoder-rule delta --fw-delta-norm sum --fw-encoder-conv 0)
+FW_ARGS=(--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 2 --fw-attention encoder,decoder --fw-decoder-rule delta)

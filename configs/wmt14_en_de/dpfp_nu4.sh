@@ -1,4 +1,4 @@
 # Table 1 "DPFP": nu = 4, d_dot = 2 * d_key * nu = 512 (Table 6).
 TABLE1_ROW="DPFP"
 TABLE1_DDOT=512
-FW_ARGS=(--fw-feature-map dpfp --fw-dpfp-nu 4 --fw-update-rule sum --fw-cross-align 0 --fw-encoder-conv 0)
+FW_ARGS=(--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 4)

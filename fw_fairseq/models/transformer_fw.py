@@ -2,7 +2,9 @@
 
 Only fairseq's `build_*` hooks are overridden (the linformer plugin's pattern): layers are the
 stock ones except that their attention comes from `FastWeightAttention` where `--fw-attention`
-says so. Architectures set defaults with getattr and then call the stock architecture.
+says so. Architectures call the stock architecture and then fill the `--fw-*` options from the translation preset
+(fast_weight_config.set_fast_weight_defaults); build_model reads them once into a FastWeightConfig, which the encoder,
+the decoder and each of their layers are built from.
 """
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -14,9 +16,8 @@ from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
 
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
-from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes, check_decoder_positions,
-                                                   check_layer_rules, set_fast_weight_defaults)
+from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args, check_fast_weight_args,
+                                                   set_fast_weight_defaults)
 
 
 def _wrap_like_fairseq(layer, cfg):
@@ -28,15 +29,16 @@ def _wrap_like_fairseq(layer, cfg):
 
 
 def _next_layer_config(stack, cfg, block: str) -> FastWeightConfig:
-    """The fast-weight config of the next layer `stack` (the `block`, encoder or decoder) builds. fairseq builds the
-    layers in order, first to last, so a count of those built so far is the layer's index (for per-layer rules).
-    With --{block}-layers-to-keep it builds only the kept ones and renumbers their weights in order
-    (checkpoint_utils.prune_state_dict): the n-th layer built is the n-th kept one, and takes that layer's rule."""
+    """The fast-weight config of the next layer `stack` (the `block`, encoder or decoder) builds, from the stack's
+    config. fairseq builds the layers in order, first to last, so a count of those built so far is the layer's index
+    (for per-layer rules). With --{block}-layers-to-keep it builds only the kept ones and renumbers their weights in
+    order (checkpoint_utils.prune_state_dict): the n-th layer built is the n-th kept one, and takes that layer's
+    rule."""
     built = getattr(stack, "_fw_layers_built", 0)
     stack._fw_layers_built = built + 1
     keep = getattr(cfg, block).layers_to_keep  # "0,2" as on the command line, or None
     index = sorted(int(i) for i in keep.split(","))[built] if keep else built
-    return FastWeightConfig.from_args(cfg).layer(index)
+    return stack.fw.layer(index)
 
 
 class FastWeightEncoderLayer(TransformerEncoderLayerBase):
@@ -71,19 +73,24 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
                                    encoder_decoder_attention=True)
 
 
-# fairseq's TransformerConfig.from_namespace copies unknown args (our fw_*) onto the config as plain
-# attributes, so the layer builders can read the fast-weight options from the config they get.
+# The stacks keep the model's FastWeightConfig (`fw`) from before fairseq's __init__ builds their layers.
 class FastWeightTransformerEncoder(TransformerEncoder):
+    def __init__(self, cfg, fw: FastWeightConfig, dictionary, embed_tokens, return_fc=False):
+        self.fw = fw
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+
     def build_encoder_layer(self, cfg):
         layer = FastWeightEncoderLayer(cfg, _next_layer_config(self, cfg, "encoder"), return_fc=self.return_fc)
         return _wrap_like_fairseq(layer, cfg)
 
 
 class FastWeightTransformerDecoder(TransformerDecoder):
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+    def __init__(self, cfg, fw: FastWeightConfig, dictionary, embed_tokens, no_encoder_attn=False,
+                 output_projection=None):
+        self.fw = fw
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
-        if FastWeightConfig.from_args(cfg).decoder_positions == "none":  # --fw-decoder-positions
+        if fw.decoder_positions == "none":  # --fw-decoder-positions
             self.embed_positions = None  # fairseq's decoder then adds no positions, in training and generation
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
@@ -113,18 +120,24 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         transformer_fw(args)  # fill options missing from older checkpoints
-        config = FastWeightConfig.from_args(args)  # reject bad values before any layer is built
-        model = super().build_model(args, task)
+        config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
+        # fairseq hands build_encoder and build_decoder only its copy of the args (TransformerConfig.from_namespace
+        # copies every attribute); the config leaves the args before anything saves them
+        args.fw_config = config
+        try:
+            model = super().build_model(args, task)
+        finally:
+            del args.fw_config
         model.record_fast_weight_settings(config)
         return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return FastWeightTransformerEncoder(cfg, src_dict, embed_tokens)
+        return FastWeightTransformerEncoder(cfg, cfg.fw_config, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        return FastWeightTransformerDecoder(cfg, tgt_dict, embed_tokens,
+        return FastWeightTransformerDecoder(cfg, cfg.fw_config, tgt_dict, embed_tokens,
                                             no_encoder_attn=cfg.no_cross_attention)
 
     def set_beam_size(self, beam_size):
@@ -133,43 +146,40 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
         self.decoder.set_beam_size(beam_size)
 
 
-def check_shapes(args):
-    """Architectures run while fairseq parses the arguments: shape errors stop there, and every reader of the parsed
-    arguments (build_model, the checkpoint pruning) gets --*-layers-to-keep in the form it reads."""
-    encoder = ((args.encoder_embed_dim, "--encoder-embed-dim"),
-               (args.encoder_attention_heads, "--encoder-attention-heads"))
-    decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
-               (args.decoder_attention_heads, "--decoder-attention-heads"))
-    # cross-attention's heads split the decoder's dim (the source is projected to it)
-    check_attention_shapes(args, {"encoder": encoder, "decoder": decoder, "cross": decoder})
-    decoder_layers = (args.decoder_layers, "--decoder-layers")
-    check_layer_rules(args, {"encoder": (args.encoder_layers, "--encoder-layers"), "decoder": decoder_layers,
-                             "cross": decoder_layers})
-    check_decoder_positions(args)
+def settle_fast_weight_args(args):
+    """The --fw-* args of a translation model, filled and checked (architectures run while fairseq parses the
+    arguments: errors stop there); and --*-layers-to-keep in the form that every reader of the parsed arguments
+    (build_model, the checkpoint pruning) reads."""
     # fairseq's parser reads --{encoder,decoder}-layers-to-keep 0,2 as the list [0, 2], and its build_model and
     # checkpoint pruning split it as the text "0,2" (and fail on the list): they get the text
     for block in ("encoder", "decoder"):
         keep = getattr(args, f"{block}_layers_to_keep", None)
         if isinstance(keep, list):
             setattr(args, f"{block}_layers_to_keep", ",".join(map(str, keep)))
+    encoder = ((args.encoder_embed_dim, "--encoder-embed-dim"),
+               (args.encoder_attention_heads, "--encoder-attention-heads"))
+    decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
+               (args.decoder_attention_heads, "--decoder-attention-heads"))
+    decoder_layers = (args.decoder_layers, "--decoder-layers")
+    set_fast_weight_defaults(args, "translation")
+    # cross-attention's heads split the decoder's dim (the source is projected to it)
+    check_fast_weight_args(args, {"encoder": encoder, "decoder": decoder, "cross": decoder},
+                           {"encoder": (args.encoder_layers, "--encoder-layers"), "decoder": decoder_layers,
+                            "cross": decoder_layers})
 
 
 @register_model_architecture("transformer_fw", "transformer_fw")
 def transformer_fw(args):
     """Transformer base (512 dim, 8 heads: d_key = 64) with fast weights everywhere."""
-    set_fast_weight_defaults(args, "translation")
     base_architecture(args)
-    check_shapes(args)
+    settle_fast_weight_args(args)
 
 
 @register_model_architecture("transformer_fw", "transformer_fw_big")
 def transformer_fw_big(args):
     """The paper's MT model: Vaswani et al.'s big Transformer (1024 dim, 16 heads: d_key = 64)."""
-    set_fast_weight_defaults(args, "translation")
     transformer_vaswani_wmt_en_de_big(args)
-    check_shapes(args)
-
-
+    settle_fast_weight_args(args)
 @register_model_architecture("transformer_fw", "transformer_fw_small")
 def transformer_fw_small(args):
     """For CPU experiments: 3+3 layers, 256 dim, 4 heads (d_key = 64), FFN 1024."""

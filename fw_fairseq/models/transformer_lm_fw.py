@@ -2,7 +2,8 @@
 
 Only the build hooks of fairseq's `TransformerLanguageModel` are overridden: the decoder is the
 translation model's `FastWeightTransformerDecoder` without cross-attention. Architectures set
-defaults with getattr and then call the stock `transformer_lm` architecture.
+their sizes with getattr, call the stock `transformer_lm` architecture and fill the `--fw-*`
+options from the lm preset; build_model reads them once into a FastWeightConfig.
 
 Carrying the fast-weight state across segments (paper §6.3, Table 4, "without truncating
 context"): `model(src_tokens, fw_state=CarriedState())` starts every layer's fast weights from
@@ -23,9 +24,8 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.models.transformer_fw import FastWeightTransformerDecoder
-from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args,
-                                                   check_attention_shapes, check_decoder_positions,
-                                                   check_layer_rules, set_fast_weight_defaults)
+from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args, check_fast_weight_args,
+                                                   set_fast_weight_defaults)
 
 
 class CarriedState:
@@ -98,19 +98,18 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
 
     @classmethod
     def build_model(cls, args, task):
-        transformer_lm_fw(args)  # fill options missing from older checkpoints
-        config = FastWeightConfig.from_args(args)  # reject bad values before any layer is built
+        base_lm_architecture(args)  # fill options missing from older checkpoints: the embedding reads them
+        embed_tokens = cls.build_embed_tokens(args, task)
+        transformer_lm_fw(args)  # and the --fw-* options
+        config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
-            args.max_target_positions = getattr(args, "tokens_per_sample",
-                                                DEFAULT_MAX_TARGET_POSITIONS)
-        embed_tokens = cls.build_embed_tokens(args, task)
-        decoder = FastWeightLMDecoder(args, task.target_dictionary, embed_tokens,
-                                      no_encoder_attn=True)
+            args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        decoder = FastWeightLMDecoder(args, config, task.target_dictionary, embed_tokens, no_encoder_attn=True)
         model = cls(decoder)
         model.record_fast_weight_settings(config)
-        model.fw_config = config  # asked at every carried-state forward: parsed once, here
+        model.fw_config = config  # asked at every carried-state forward
         return model
 
     @classmethod
@@ -147,16 +146,15 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
 
 @register_model_architecture("transformer_lm_fw", "transformer_lm_fw")
 def transformer_lm_fw(args):
-    """fairseq's transformer_lm (6 layers, 512 dim, 8 heads: d_key 64) + DPFP-2 delta rule, with the
-    paper's LM recipe: sum-normalised phi (§4.2, its Table 3)."""
-    set_fast_weight_defaults(args, "lm")
+    """fairseq's transformer_lm (6 layers, 512 dim, 8 heads: d_key 64) with the lm preset's fast weights: the
+    DPFP-2 delta rule with the paper's LM recipe, sum-normalised phi (§4.2, its Table 3)."""
     base_lm_architecture(args)
-    # architectures run while fairseq parses the arguments: shape errors stop there
+    # architectures run while fairseq parses the arguments: errors stop there
     decoder = ((args.decoder_embed_dim, "--decoder-embed-dim"),
                (args.decoder_attention_heads, "--decoder-attention-heads"))
-    check_attention_shapes(args, {"decoder": decoder})
-    check_layer_rules(args, {"decoder": (args.decoder_layers, "--decoder-layers")})
-    check_decoder_positions(args)
+    layers = (args.decoder_layers, "--decoder-layers")
+    set_fast_weight_defaults(args, "lm")
+    check_fast_weight_args(args, {"decoder": decoder}, {"decoder": layers})
 
 
 @register_model_architecture("transformer_lm_fw", "transformer_lm_fw_wt103_small")
@@ -173,7 +171,8 @@ def transformer_lm_fw_wt103_small(args):
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 8)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 2048)
     args.dropout = getattr(args, "dropout", 0.1)
-    set_fast_weight_defaults(args, "lm", feature_map="elu", dpfp_nu=1)
+    args.fw_feature_map = getattr(args, "fw_feature_map", None) or "elu"
+    args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or 1
     transformer_lm_fw(args)
 
 
@@ -184,5 +183,5 @@ def transformer_lm_fw_tiny(args):
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 64)
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 256)
-    set_fast_weight_defaults(args, "lm", dpfp_nu=1)
+    args.fw_dpfp_nu = getattr(args, "fw_dpfp_nu", None) or 1
     transformer_lm_fw(args)

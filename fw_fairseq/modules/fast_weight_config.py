@@ -1,16 +1,13 @@
-"""The fast-weight options of one model, parsed and validated once from fairseq's args: the parser, the
-architectures' defaults, the config, its checkpoint record and the reading of older records are all derived from
-the flag table (flag_table.py)."""
+"""The fast-weight options of one model: the architectures fill the `--fw-*` args from a preset, FastWeightConfig
+reads them once per model, and its record says what the attention computes. Its fields, their defaults (the values
+that args saved before each flag existed imply) and their validation are the flag table's (flag_table.py)."""
 import argparse
-from dataclasses import dataclass, replace
-from typing import Dict, FrozenSet, Tuple, Union
+from dataclasses import field, make_dataclass, replace
+from typing import Dict, Tuple
 
-from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, PLACES, UPDATE_RULES, cli_error, layer_rules,
-                                                  parse_encoder_conv, parse_output_gate, places_set)
-from fw_fairseq.modules.flag_table import FAMILIES, FAVOR_REDRAWS, FLAGS, Blocks, Derived
-from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
-
-DELTA_NORMS = tuple(PHI_NORMS)
+from fw_fairseq.modules.fast_weight_flags import PLACES, cli_error
+from fw_fairseq.modules.flag_table import BY_NAME, FAVOR, FLAGS, PRESETS, Blocks, Derived
+from fw_fairseq.ops import RULES
 
 
 def add_fast_weight_args(parser):
@@ -23,123 +20,79 @@ def add_fast_weight_args(parser):
                             **({"default": None} if flag.before is not None else {}))
 
 
-def set_fast_weight_defaults(args, family, **overrides):
-    """Each flag's default in `family` (flag_table.FAMILIES), or the architecture's override of it (by
-    FastWeightConfig field); values given on the command line win (fairseq's getattr convention), and args saved
-    before a flag existed get the value they were trained with (its `before`). A per-block rule without a default
-    stays None (it follows --fw-update-rule), so that a record of it is written only when set. A Derived default is
-    taken last, from the others' final values and the names of the flags that had a value before."""
-    if family not in FAMILIES:
-        raise ValueError(f"set_fast_weight_defaults: family={family!r}; allowed: {FAMILIES}")
-    given = frozenset(flag.name for flag in FLAGS if getattr(args, flag.attr, None) is not None)
-    derived = []
+def set_fast_weight_defaults(args, preset: str):
+    """Give each `--fw-*` flag without a value its value: args saved before the flag existed its `before` (what they
+    were trained with), the others their preset's, --fw-preset's or else the architecture's `preset`, with the
+    preset's FAVOR+ values under FAVOR+; a Derived value last, from the others' values. Values only decide: a flag
+    given its preset's value builds what leaving it out builds."""
     for flag in FLAGS:
         if not hasattr(args, flag.attr) and flag.before is not None:
             setattr(args, flag.attr, flag.before)
-        elif getattr(args, flag.attr, None) is None:
-            default = overrides.get(flag.field, flag.defaults.get(family))
-            if isinstance(default, Derived):
-                derived.append((flag, default))
-            else:
-                setattr(args, flag.attr, default)
-    for flag, default in derived:
-        setattr(args, flag.attr, default.of(args, given))
+    args.fw_preset = _parsed(BY_NAME["--fw-preset"], args.fw_preset or preset)
+    table = PRESETS[args.fw_preset]
+    if (getattr(args, "fw_feature_map", None) or table["--fw-feature-map"]) == "favor":
+        table = {**table, **FAVOR.get(args.fw_preset, {})}
+    unset = [flag for flag in FLAGS if getattr(args, flag.attr, None) is None]
+    derived = [flag for flag in unset if isinstance(table.get(flag.name), Derived)]
+    for flag in unset:
+        setattr(args, flag.attr, None if flag in derived else table.get(flag.name))
+    for flag in derived:
+        setattr(args, flag.attr, table[flag.name].of(args))
 
 
-# An attention block's size flags: (model dim, its flag), (heads, its flag).
-BlockShape = Tuple[Tuple[int, str], Tuple[int, str]]
-
-
-def check_attention_shapes(args, blocks: Dict[str, BlockShape]):
-    """Reject, as argument errors, heads that do not divide the model dim and a DPFP nu beyond
-    2*d_key-1 of a fast-weight block. `blocks` maps encoder/decoder/cross to their shape flags;
-    architecture functions call this, so fairseq runs it while it parses the arguments."""
-    places = places_set(args.fw_attention)
-    for place, ((dim, dim_flag), (heads, heads_flag)) in blocks.items():
+def check_fast_weight_args(args, shapes: Dict[str, Tuple[Tuple[int, str], Tuple[int, str]]],
+                           layers: Dict[str, Tuple[int, str]]):
+    """Reject, as argument errors, what only several flags can judge: heads that do not divide the model dim, a DPFP
+    nu beyond 2*d_key-1 of a fast-weight block, a per-layer --fw-{place}-rule whose count of rules is not the
+    block's count of layers, and --fw-decoder-positions none over a softmax decoder self-attention (which needs the
+    positions to order the target). `shapes` maps each block to ((model dim, its flag), (heads, its flag)), `layers`
+    to (layers, its flag); architectures call this, so that fairseq runs it while it parses the arguments."""
+    places = frozenset(args.fw_attention.split(",")) - {"none"}
+    for place, ((dim, dim_flag), (heads, heads_flag)) in shapes.items():
         if heads < 1 or dim % heads:
-            raise cli_error(f"argument {heads_flag}: {heads} heads do not divide {dim_flag} "
-                            f"{dim}; allowed: a divisor of {dim}")
+            raise cli_error(f"argument {heads_flag}: {heads} heads do not divide {dim_flag} {dim}; allowed: a "
+                            f"divisor of {dim}")
         max_nu = 2 * (dim // heads) - 1
         if place in places and args.fw_feature_map == "dpfp" and int(args.fw_dpfp_nu) > max_nu:
-            raise cli_error(f"argument --fw-dpfp-nu: {args.fw_dpfp_nu} is too large for {place} "
-                            f"attention (d_key = {dim_flag} {dim} / {heads_flag} {heads} = "
-                            f"{dim // heads}); allowed: 1..{max_nu} (2*d_key-1)")
-
-
-def check_layer_rules(args, layers: Dict[str, Tuple[int, str]]):
-    """Reject, as an argument error, a per-layer --fw-{place}-rule whose count of rules is not the block's count
-    of layers. `layers` maps encoder/decoder/cross to (layers, its flag); architectures call this."""
+            raise cli_error(f"argument --fw-dpfp-nu: {args.fw_dpfp_nu} is too large for {place} attention (d_key = "
+                            f"{dim_flag} {dim} / {heads_flag} {heads} = {dim // heads}); allowed: 1..{max_nu} "
+                            "(2*d_key-1)")
     for place, (count, flag) in layers.items():
-        rules = layer_rules(getattr(args, f"fw_{place}_rule", None) or "")
+        rules = (getattr(args, f"fw_{place}_rule") or "").split(",")
         if len(rules) > 1 and len(rules) != count:
             raise cli_error(f"argument --fw-{place}-rule: {len(rules)} rules for {flag} {count}; allowed: one "
                             f"rule, or one per layer ({count})")
-
-
-def check_decoder_positions(args):
-    """Reject, as an argument error, --fw-decoder-positions none over a softmax decoder self-attention, which
-    needs the positions to order the target; architectures call this."""
-    if args.fw_decoder_positions == "none" and "decoder" not in places_set(args.fw_attention):
+    if args.fw_decoder_positions == "none" and "decoder" not in places:
         raise cli_error("argument --fw-decoder-positions: none needs fast-weight decoder self-attention (decoder in "
                         f"--fw-attention, here {args.fw_attention}); allowed with a softmax decoder: absolute")
 
 
-@dataclass(frozen=True)
-class FastWeightConfig:
-    feature_map: str
-    update_rule: str
-    dpfp_nu: int
-    favor_features: int
-    places: FrozenSet[str]
-    beta_max: Union[int, float] = 1  # the parsed value as it is: 1 and 2 stay integers, as checkpoints record them
-    # (place, rule) for the blocks whose --fw-{place}-rule was given; the others use update_rule
-    block_rules: Tuple[Tuple[str, str], ...] = ()
-    delta_norm: str = "sum"
-    beta_bias: float = 0.0
-    favor_redraw: str = "batch"
-    output_gate: str = "none"
-    encoder_conv: int = 0  # --fw-encoder-conv's width, 0 for none
-    decoder_conv: int = 0  # --fw-decoder-conv's width, 0 for none
-    t2r_features: int = 32  # --fw-t2r-features: T2R's K
-    hedgehog_trainable: bool = False  # --fw-hedgehog-trainable
-    cross_align: int = 0  # --fw-cross-align's P, 0 for none
-    decoder_positions: str = "absolute"  # --fw-decoder-positions
+def _parsed(flag, value):
+    """`value` as the parser gives it from a command line: its row's choices checked, or its row's type applied to
+    its text; for args that did not come through the parser (saved, or made in code)."""
+    choices, kind = flag.options.get("choices"), flag.options.get("type")
+    if choices is not None and value not in choices:
+        raise cli_error(f"argument {flag.name}: invalid choice: {value!r} (choose from "
+                        f"{', '.join(map(repr, choices))})")
+    try:
+        return kind(str(int(value)) if isinstance(value, bool) else str(value)) if kind else value
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        raise cli_error(f"argument {flag.name}: {err}") from None
+
+
+class _Config:
+    """FastWeightConfig's methods; its fields are the flag table's (below)."""
 
     @classmethod
     def from_args(cls, args) -> "FastWeightConfig":
-        # args saved before a flag existed were trained at its `before` (flag_table.py)
-        values = {}
-        for flag in FLAGS:
-            value = getattr(args, flag.attr, None)
-            value = flag.before if value is None else value
-            if flag.field is not None and value is not None:
-                kind = cls.__dataclass_fields__[flag.field].type
-                values[flag.field] = kind(value) if kind in (int, float, str) else value
-        values["places"] = places_set(values["places"])
-        block_rules = tuple((place, getattr(args, f"fw_{place}_rule", None)) for place in PLACES
-                            if getattr(args, f"fw_{place}_rule", None) is not None)
-        config = cls(block_rules=block_rules, **values)
-        config.check()
-        return config
-
-    def check(self):
-        if self.feature_map not in FEATURE_MAPS:
-            raise ValueError(f"--fw-feature-map got {self.feature_map!r}; allowed: {FEATURE_MAPS}")
-        for flag, rules in (("--fw-update-rule", self.update_rule),
-                            *((f"--fw-{place}-rule", rules) for place, rules in self.block_rules)):
-            if any(rule not in UPDATE_RULES for rule in layer_rules(rules)):
-                raise ValueError(f"{flag} got {rules!r}; allowed: {', '.join(UPDATE_RULES)}")
-        if not 0 < self.beta_max <= BETA_MAX:
-            raise ValueError(f"--fw-delta-beta-max got {self.beta_max!r}; allowed: a number in (0, {BETA_MAX}]")
-        if self.delta_norm not in DELTA_NORMS:
-            raise ValueError(f"--fw-delta-norm got {self.delta_norm!r}; allowed: {DELTA_NORMS}")
-        if self.favor_redraw not in FAVOR_REDRAWS:
-            raise ValueError(f"--fw-favor-redraw got {self.favor_redraw!r}; allowed: {FAVOR_REDRAWS}")
-        try:
-            parse_output_gate(self.output_gate)
-            parse_encoder_conv(str(self.encoder_conv))
-        except argparse.ArgumentTypeError as err:
-            raise ValueError(str(err)) from None
+        """The config of args that an architecture filled (set_fast_weight_defaults), each value as its row parses
+        it; a flag that args saved before it existed lack takes its `before`."""
+        values = {flag.name: getattr(args, flag.attr) if hasattr(args, flag.attr) else flag.before for flag in FLAGS}
+        values = {name: _parsed(BY_NAME[name], value) for name, value in values.items() if value is not None}
+        fields = {flag.field: values[flag.name] for flag in FLAGS if flag.field and flag.name in values}
+        fields["places"] = frozenset(fields["places"].split(",")) - {"none"}
+        block_rules = tuple((place, values[f"--fw-{place}-rule"]) for place in PLACES if f"--fw-{place}-rule" in values)
+        return cls(**fields, block_rules=block_rules)
 
     @property
     def redraws_features(self) -> bool:
@@ -153,7 +106,7 @@ class FastWeightConfig:
     def rules(self, place: str) -> Tuple[str, ...]:
         """The update rules of a block: its --fw-{place}-rule, else --fw-update-rule; one for every layer (also
         where the flag listed the same rule for each), or one per layer."""
-        rules = layer_rules(dict(self.block_rules).get(place, self.update_rule))
+        rules = tuple(dict(self.block_rules).get(place, self.update_rule).split(","))
         return rules if len(set(rules)) > 1 else rules[:1]
 
     def rule(self, place: str) -> str:
@@ -213,10 +166,20 @@ class FastWeightConfig:
         return out
 
 
+# A field per row with one (in the table's order, those without a `before` first: the config's positional
+# arguments), defaulting to its `before`; block_rules holds the per-block rules given, (place, rule) each
+FastWeightConfig = make_dataclass(
+    "FastWeightConfig",
+    [(flag.field, object) for flag in FLAGS if flag.field and flag.before is None]
+    + [(flag.field, object, field(default=flag.before)) for flag in FLAGS if flag.field and flag.before is not None]
+    + [("block_rules", Tuple[Tuple[str, str], ...], field(default=()))],
+    bases=(_Config,), namespace={"__module__": __name__}, frozen=True)
+
+
 def _blocks_of(settings: Dict[str, str]) -> Blocks:
     """The Blocks a settings record describes."""
     values = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
-    rules = [rule for value in values if value is not None for rule in layer_rules(value)]
+    rules = [rule for value in values if value is not None for rule in value.split(",")]
     places = frozenset(settings.get("--fw-attention", "none").split(",")) - {"none"}
     return Blocks(settings.get("--fw-feature-map"), tuple(RULES[rule] for rule in rules if rule in RULES), places)
 

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 import sys
-from typing import FrozenSet, Tuple, Union
+from typing import Union
 
 from fw_fairseq.modules.output_gate import OUTPUT_GATES
 from fw_fairseq.ops import RULES
@@ -54,11 +54,6 @@ def parse_output_gate(text: str) -> str:
     return kind if places == "all" or places == ",".join(PLACES) else f"{kind}:{places}"
 
 
-def places_set(text: str) -> FrozenSet[str]:
-    canonical = parse_places(text)
-    return frozenset() if canonical == "none" else frozenset(canonical.split(","))
-
-
 def cli_error(message: str) -> SystemExit:
     """argparse's one-line exit ("fairseq-train: error: ..."), for what can be judged only once
     several flags, or a checkpoint, are known. Raise the result."""
@@ -90,17 +85,12 @@ def parse_beta_max(text: str) -> Union[int, float]:
     return int(value) if value.is_integer() else value
 
 
-def layer_rules(text: str) -> Tuple[str, ...]:
-    """A `--fw-{place}-rule` value as its rules: one for every layer, or one per layer, first layer first."""
-    return tuple(text.split(","))
-
-
 def parse_rule(flag: str):
     """Validate a `--fw-{place}-rule` value: a rule, or a comma-separated rule per layer (`sum,delta`: the first
     layer's block the sum rule, the second's the delta rule). Kept as listed, so that the architecture can check
     the count against the layers; the record spells it canonical (FastWeightConfig.rules)."""
     def parse(text: str) -> str:
-        rules = layer_rules(text.replace(" ", ""))
+        rules = text.replace(" ", "").split(",")
         for rule in rules:
             if rule not in UPDATE_RULES:
                 raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: {', '.join(UPDATE_RULES)}, "
@@ -122,7 +112,7 @@ def parse_encoder_conv(text: str) -> int:
 
 
 def parse_switch(flag: str):
-    """A flag that is on given alone or as 1, off as 0 (its absence: the family's default)."""
+    """A flag that is on given alone or as 1, off as 0 (its absence: its preset's value)."""
     def parse(text: str) -> bool:
         if text.strip() not in ("0", "1"):
             raise argparse.ArgumentTypeError(f"{flag} got {text!r}; allowed: 0 or 1 (alone: 1)")

@@ -88,7 +88,7 @@ class ValueConv(nn.Module):
 
 class EncoderConv(ValueConv):
     def __init__(self, embed_dim: int, width: int):
-        # width: odd, >= 3 (FastWeightConfig.check, fast_weight_flags.parse_encoder_conv)
+        # width: odd, >= 3 (fast_weight_flags.parse_encoder_conv)
         super().__init__(embed_dim, width, width // 2)
 
 

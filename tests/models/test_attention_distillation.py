@@ -38,7 +38,7 @@ class SoftmaxOfTheseKeys(FeatureMap):
 
 def _block(path, seed=0):
     torch.manual_seed(seed)
-    model, d = build_model(T2R + ["--fw-update-rule", "sum"])
+    model, d = build_model(T2R + ["--fw-update-rule", "sum", "--fw-decoder-rule", "sum"])
     layer = model.decoder.layers[0]
     return (layer.self_attn if path == "causal" else layer.encoder_attn), d
 
@@ -79,7 +79,7 @@ def _sample(d, g):
 
 @pytest.mark.parametrize("rule", ["sum", "delta"])
 def test_its_gradient_reaches_only_the_feature_maps(rule):
-    model, d = build_model(T2R + ["--fw-update-rule", rule])
+    model, d = build_model(T2R + ["--fw-update-rule", rule, "--fw-decoder-rule", rule])
     model.train()
     criterion = AttentionDistillationCriterion(SimpleNamespace())
     loss, rows, log = criterion(model, _sample(d, torch.Generator().manual_seed(2)))

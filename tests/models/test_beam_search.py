@@ -14,7 +14,7 @@ SENTENCES, BEAM = 3, 4
 
 
 def fw_args(feature_map, rule):
-    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
+    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-decoder-rule", rule, "--fw-dpfp-nu", "2",
             "--fw-favor-features", "24"]
 
 

@@ -51,7 +51,7 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
         "--fw-decoder-conv": "3", "--fw-cross-align": "4",  # the translation models' defaults with FAVOR+
         "--fw-decoder-positions": "absolute"}
-    summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum",
+    summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
@@ -106,7 +106,7 @@ def test_checkpoint_from_before_the_record_loads_with_one_warning(caplog):
 def test_a_state_dict_of_another_beta_max_is_refused(rule):
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", rule]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", rule, "--fw-decoder-rule", rule]
     trained, _ = build_model(fw + ["--fw-delta-beta-max", "2"])
     model, _ = build_model(fw)
     with pytest.raises(SystemExit, match=r"error: the checkpoint was trained with "
@@ -170,7 +170,7 @@ def test_args_saved_before_delta_norm_existed_build_the_sum_normalised_model():
 def test_another_output_gate_is_refused_and_records_from_before_it_mean_none():
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
     gated, _ = build_model(fw + ["--fw-output-gate", "channel"])
     assert decode(gated.state_dict()[RECORD])["--fw-output-gate"] == "channel"
     with pytest.raises(SystemExit, match=r"trained with --fw-output-gate channel, not none"):
@@ -184,7 +184,7 @@ def test_another_output_gate_is_refused_and_records_from_before_it_mean_none():
 def test_another_encoder_conv_is_refused_and_records_from_before_it_mean_none():
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
     plain, _ = build_model(fw + ["--fw-encoder-conv", "0"])
     with pytest.raises(SystemExit, match=r"trained with --fw-encoder-conv 0, not 3"):
         build_model(fw)[0].load_state_dict(plain.state_dict())
@@ -200,7 +200,7 @@ def test_another_encoder_conv_is_refused_and_records_from_before_it_mean_none():
 def test_another_decoder_conv_is_refused_and_records_from_before_it_mean_none():
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
     convolved, _ = build_model(fw + ["--fw-decoder-conv", "3"])
     with pytest.raises(SystemExit, match=r"trained with --fw-decoder-conv 3, not 0"):
         build_model(fw)[0].load_state_dict(convolved.state_dict())
@@ -215,7 +215,7 @@ def test_another_decoder_conv_is_refused_and_records_from_before_it_mean_none():
 def test_another_cross_align_is_refused_and_records_from_before_it_mean_none():
     from factories import build_model
 
-    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-cross-align", "0"]
+    fw = ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum", "--fw-cross-align", "0"]
     plain, _ = build_model(fw)
     with pytest.raises(SystemExit, match=r"trained with --fw-cross-align 0, not 2"):
         build_model(fw + ["--fw-cross-align", "2"])[0].load_state_dict(plain.state_dict())
@@ -230,7 +230,8 @@ def test_another_cross_align_is_refused_and_records_from_before_it_mean_none():
 def test_another_favor_redraw_is_refused_and_records_from_before_it_are_not_checked(caplog):
     from factories import build_model
 
-    fw = ["--fw-feature-map", "favor", "--fw-favor-features", "8", "--fw-update-rule", "sum"]
+    fw = ["--fw-feature-map", "favor", "--fw-favor-features", "8", "--fw-update-rule", "sum", "--fw-decoder-rule",
+          "sum"]
     kept, _ = build_model(fw + ["--fw-favor-redraw", "never"])
     assert decode(kept.state_dict()[RECORD])["--fw-favor-redraw"] == "never"
     with pytest.raises(SystemExit, match=r"trained with --fw-favor-redraw never, not batch") as err:

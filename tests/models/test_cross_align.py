@@ -14,7 +14,8 @@ from fw_fairseq.ops import RULES, feature_map
 from fw_fairseq.ops.common.positions import with_positions
 from fw_fairseq.ops.common.z_column import Z_EPS
 
-FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum"]
+FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum",
+      "--fw-decoder-rule", "sum"]
 
 
 def naive_read(phi, q, k, v, mask, order):

@@ -49,7 +49,8 @@ def worker(rank, world, init_file, fw, out_file):
 
 
 @pytest.mark.parametrize("fw", [["--fw-feature-map", "dpfp", "--fw-update-rule", "delta"],
-                                ["--fw-feature-map", "elu", "--fw-update-rule", "sum"]])
+                                ["--fw-feature-map", "elu", "--fw-update-rule", "sum",
+                                 "--fw-decoder-rule", "sum"]])
 def test_ddp_gradients_equal_single_process(tmp_path, fw):
     out_file = tmp_path / "grads.pt"
     mp.spawn(worker, args=(2, tmp_path / "init", fw, out_file), nprocs=2, join=True)

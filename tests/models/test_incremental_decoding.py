@@ -13,7 +13,7 @@ ALL = [(feature_map, rule, beta_max) for feature_map, rule in itertools.product(
 
 
 def fw_args(feature_map, rule, places="all", beta_max=1):
-    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
+    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-decoder-rule", rule, "--fw-dpfp-nu", "2",
             "--fw-favor-features", "24", "--fw-attention", places,
             "--fw-delta-beta-max", str(beta_max)]
 

@@ -17,7 +17,7 @@ BSZ, SRC_LEN = 3, 7
 def fw_args(feature_map, rule, delta_norm="sum"):
     # no positional embeddings: fairseq's incremental positions ignore left padding of the targets
     # (teacher forcing counts only real tokens), which would differ for reasons outside attention
-    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-dpfp-nu", "2",
+    return ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-decoder-rule", rule, "--fw-dpfp-nu", "2",
             "--fw-favor-features", "24", "--fw-delta-norm", delta_norm, "--no-token-positional-embeddings"]
 
 

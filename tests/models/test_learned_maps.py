@@ -54,7 +54,8 @@ def test_chunked_equals_the_loop_with_the_maps_gradients(name, rule):
 
 
 def _model(name, rule):
-    model, d = build_model(MAPS[name] + ["--fw-update-rule", rule, "--no-token-positional-embeddings"])
+    model, d = build_model(MAPS[name] + ["--fw-update-rule", rule, "--fw-decoder-rule", rule,
+                                          "--no-token-positional-embeddings"])
     g = torch.Generator().manual_seed(2)
     for module in model.modules():
         if hasattr(module, "phi") and hasattr(module, "rule"):

@@ -81,7 +81,7 @@ def test_its_forms_agree_with_its_loop(scaled_sum, T):
 
 
 def _args(places="all"):
-    return ["--fw-attention", places, "--fw-feature-map", "elu", "--fw-update-rule", NAME,
+    return ["--fw-attention", places, "--fw-feature-map", "elu", "--fw-update-rule", NAME, "--fw-decoder-rule", NAME,
             "--no-token-positional-embeddings"]
 
 

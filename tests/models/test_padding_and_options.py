@@ -12,7 +12,7 @@ FW = ["--fw-dpfp-nu", "2", "--fw-favor-features", "24"]
 @pytest.mark.parametrize("feature_map,rule", [("elu", "sum"), ("dpfp", "delta"), ("favor", "sum"),
                                               ("favor", "delta"), ("dpfp", "gated_delta")])
 def test_left_padded_batch_equals_each_sentence_alone(feature_map, rule):
-    model, d = build_model(FW + ["--fw-feature-map", feature_map, "--fw-update-rule", rule])
+    model, d = build_model(FW + ["--fw-feature-map", feature_map, "--fw-update-rule", rule, "--fw-decoder-rule", rule])
     g = torch.Generator().manual_seed(0)
     lengths = [7, 4, 2]
     sentences = [random_tokens(d, 1, n, g)[0] for n in lengths]

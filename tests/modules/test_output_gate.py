@@ -101,7 +101,8 @@ def test_gated_model_decodes_as_teacher_forcing():
 def test_a_list_gates_those_blocks_only_and_the_record_names_them():
     from fw_fairseq.models.checkpoints import RECORD, decode
 
-    model, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel:cross"])
+    model, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
+                            "--fw-output-gate", "channel:cross"])
     layer = model.decoder.layers[0]
     assert layer.encoder_attn.output_gate.kind == "channel"
     assert layer.self_attn.output_gate is None and model.encoder.layers[0].self_attn.output_gate is None
@@ -109,5 +110,6 @@ def test_a_list_gates_those_blocks_only_and_the_record_names_them():
     # a LIST naming every fast-weight block is the gate everywhere; one naming only softmax blocks, none
     for flags, record in ((["--fw-attention", "cross,decoder", "--fw-output-gate", "head:decoder,cross"], "head"),
                           (["--fw-attention", "decoder", "--fw-output-gate", "channel:encoder,cross"], "none")):
-        model, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", *flags])
+        model, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
+                                *flags])
         assert decode(model.state_dict()[RECORD])["--fw-output-gate"] == record
