@@ -16,7 +16,8 @@ triton = pytest.importorskip("triton")
 from fw_fairseq.ops.maps.factory import feature_map  # noqa: E402
 from fw_fairseq.ops.rules.delta.fused_read import delta_read  # noqa: E402
 from fw_fairseq.ops.fused_read.launch import map_spec  # noqa: E402
-from fw_fairseq.ops.rules.public import fast_weight_attend, fast_weight_delta, fast_weight_gated_delta  # noqa: E402
+from fw_fairseq.ops.rules.public import (fast_weight_attend, fast_weight_delta, fast_weight_gated_delta,  # noqa: E402
+                                         fused_read)
 from fused_parity import DEVICE, DTYPE, assert_parity, assert_read_parity, leaves, maps  # noqa: E402
 
 MAPS = {"dpfp": dict(nu=2), "elu": {}, "hedgehog": {}, "favor": dict(m=12)}
@@ -134,21 +135,22 @@ def test_forward_alone_where_nothing_records():
 
 
 def test_bad_inputs_one_line_naming_the_argument():
+    """Through the public entry, which checks the heads and scalars once for every rule (fused_read/dispatch.read)."""
     phi = feature_map("dpfp", 8, nu=2).to(DTYPE)
-    spec = map_spec(phi)
     q, k, v, beta, alpha = inputs(1, 1, 4, 4, 8, 3, True)
     cases = [
         (dict(beta=beta[..., :3]), "beta has shape"),
         (dict(alpha=alpha[:, :, None]), "alpha has shape"),
         (dict(q=q[:, :, :3]), "causal read needs as many queries"),
         (dict(norm="max"), "norm='max'"),
-        (dict(q=q[..., :6], k=k[..., :6]), "the map takes d=8"),
+        (dict(q=q[..., :6], k=k[..., :6]), r"q has shape \(1, 1, 4, 6\), expected \[B, H, Tq, d\] = \[B, H, Tq, 8\]"),
     ]
     for change, words in cases:
-        args = {**dict(q=q, k=k, v=v, beta=beta, alpha=alpha, causal=True, norm="sum"), **change}
+        args = {**dict(q=q, k=k, v=v, beta=beta, alpha=alpha, norm="sum"), **change}
         with pytest.raises(ValueError, match=words) as err:
-            delta_read(spec, **args)
+            fused_read(phi, "gated_delta", args["q"], args["k"], args["v"], (args["beta"], args["alpha"]), True,
+                       norm=args["norm"])
         assert "\n" not in str(err.value)
     long = inputs(1, 1, 257, 257, 8, 3, False)
     with pytest.raises(ValueError, match="1..256 positions"):
-        delta_read(spec, *long[:4], None, True, "sum")
+        fused_read(phi, "delta", *long[:3], (long[3],), True, norm="sum")

@@ -96,7 +96,7 @@ def test_float32_heads_and_output_layout():
 @pytest.mark.skipif(DEVICE != "cuda", reason="float64 is refused on CUDA only: the interpreter runs it")
 def test_float64_heads_on_cuda_refused_in_one_line():
     phi = feature_map("dpfp", 8, nu=2).double().to(DEVICE)
-    with pytest.raises(ValueError, match="q is torch.float64 on CUDA; the compiled kernels take") as err:
+    with pytest.raises(ValueError, match="q has dtype torch.float64; allowed: float16, bfloat16, float32") as err:
         fused_read(phi, "sum", *heads(1, 1, 4, 4, 8, 3, dtype=torch.float64), (), True)
     assert "\n" not in str(err.value)
 
@@ -105,7 +105,8 @@ def test_bad_inputs_one_line_naming_the_argument():
     phi = feature_map("dpfp", 8, nu=2).to(DTYPE)
     q, k, v = heads(1, 1, 4, 4, 8, 3)
     cases = [
-        (dict(q=q[..., :6]), "k "),
+        (dict(q=q[..., :6]), r"q has shape \(1, 1, 4, 6\), expected \[B, H, Tq, d\] = \[B, H, Tq, 8\]"),
+        (dict(k=k[..., :6]), "k "),
         (dict(v=v[:, :, :3]), "v "),
         (dict(k=k[:, :, :3], v=v[:, :, :3]), "causal read needs as many queries"),
         (dict(q=q.int()), "q has dtype"),

@@ -75,16 +75,14 @@ def fused_aligned_read_for(phi, rule, order, angles, q, k, v, key_padding_mask):
     spec = _spec_within(phi, q, k, v, "aligned")
     if spec is None:
         return None
-    launch = kernels()
-    launch.check_heads("fused_read", q, k, v, {}, False)
-    q, k, v = (launch.rowwise(x) for x in (q, k, v))
+    q, k, v = kernels().checked_heads(spec, q, k, v, {}, False)
     return rule.fused_aligned(spec, q, k, v, order, angles, key_padding_mask)
 
 
 def read(spec, rule, q, k, v, scalars, causal, norm, key_padding_mask):
-    launch = kernels()
-    launch.check_heads("fused_read", q, k, v, dict(zip(rule.scalars, scalars)), causal)
+    """The rule's fused read o [B, H, Tq, M] of a block it takes, its inputs checked here once (launch.checked_heads;
+    the rules' fused forms take them as checked)."""
+    q, k, v = kernels().checked_heads(spec, q, k, v, dict(zip(rule.scalars, scalars)), causal)
     if rule.normalised_phi and norm not in PHI_NORMS:
         raise ValueError(f"fused_read: norm={norm!r} is not allowed for rule {rule.name}; allowed: {tuple(PHI_NORMS)}")
-    q, k, v = (launch.rowwise(x) for x in (q, k, v))
     return rule.fused(spec, q, k, v, scalars, causal, norm, key_padding_mask)

@@ -1,5 +1,6 @@
-"""What every fused read's launch needs, decided once: the map's numbers (MapSpec), the block shapes, the
-products' precision and the accumulators' dtype, and the checks of the inputs (one line naming the argument).
+"""What every fused read's launch needs, decided once for both rules: the map's numbers (MapSpec), the block shapes,
+the products' precision and the accumulators' dtype (meta), the sizes and strides every kernel takes, its grid, and
+the checks of the inputs (checked_heads: one line naming the argument, common/checks.py).
 
 Block shapes are fixed, not autotuned (GPU time goes to measuring, and a kernel compiled once per shape class
 is warm after the first batch): positions in blocks of BLOCK_T (fewer for short sequences: a block never spans
@@ -13,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fw_fairseq.ops.common.checks import FLOAT_DTYPES, check_tensor
 from fw_fairseq.ops.kernels.cpu_extension import KERNEL_MAPS
 
 MAX_T = 256  # the longest sequence a fused read takes; longer ones chunk through the rule's state
@@ -24,7 +26,6 @@ CHUNK_E = 64
 # software pipelining) only multiplies shared memory. The delta rule's dk kernel, d = M = 128, on sm_90: 296 KB with
 # 3 stages (over the H100's 227 KB), 160 KB with 1.
 NUM_STAGES = 1
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Compiled for CUDA the kernels take these; float64 runs only under Triton's interpreter (the parity tests): Triton
 # 3.6's float64 products failed to compile for the sum rule's non-causal reads on an H200 ("fp64 don't support
 # largeK MMA"), and float64 on CUDA goes to the column kernels anyway (dispatch.py)
@@ -85,36 +86,52 @@ def precision(dtype):
     return ("ieee" if dtype == torch.float32 else "tf32"), tl.float32
 
 
-def check_heads(fn, q, k, v, scalars, causal):
-    """Validate the raw heads q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M] and the per-position scalars
-    ([B, H, T] each); raise ValueError with one line naming the argument."""
-    for name, x in (("q", q), ("k", k), ("v", v), *scalars.items()):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in _DTYPES:
-            raise ValueError(f"{fn}: {name} has dtype {x.dtype}; allowed: float16, bfloat16, float32, float64")
-        if x.is_cuda and x.dtype not in CUDA_DTYPES:
-            raise ValueError(f"{fn}: {name} is {x.dtype} on CUDA; the compiled kernels take float16, bfloat16, "
-                             "float32 (float64 reads run on the column kernels)")
-        if x.device != q.device:
-            raise ValueError(f"{fn}: {name} is on {x.device} but q is on {q.device}; all inputs must share a device")
-        rank = 3 if name in scalars else 4
-        if x.dim() != rank:
-            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected rank {rank}")
+def checked_heads(spec, q, k, v, scalars, causal):
+    """The raw heads q [B, H, Tq, d], k [B, H, T, d], v [B, H, T, M] with their rows contiguous (rowwise), once
+    they and the per-position scalars ({name: [B, H, T]}) are checked: a ValueError of one line naming the
+    argument. d is the map's (spec.d); on CUDA the compiled kernels' dtypes (CUDA_DTYPES)."""
+    fn = "fused_read"
+    dtypes = CUDA_DTYPES if isinstance(q, torch.Tensor) and q.is_cuda else FLOAT_DTYPES
+    check_tensor(fn, "q", q, "[B, H, Tq, d]", sizes=(None, None, None, spec.d), dtypes=dtypes)
     B, H, Tq, d = q.shape
-    T, M = k.shape[2], v.shape[-1]
-    if k.shape != (B, H, T, d) or v.shape[:3] != (B, H, T):
-        raise ValueError(f"{fn}: k {tuple(k.shape)} and v {tuple(v.shape)} do not match q {tuple(q.shape)}: "
-                         "expected k [B, H, T, d], v [B, H, T, M]")
+    check_tensor(fn, "k", k, "[B, H, T, d]", sizes=(B, H, None, d), like=("q", q), dtypes=dtypes)
+    T = k.shape[2]
+    check_tensor(fn, "v", v, "[B, H, T, M]", sizes=(B, H, T, None), like=("q", q), dtypes=dtypes)
     for name, x in scalars.items():
-        if x.shape != (B, H, T):
-            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected [B, H, T] = [{B}, {H}, {T}]")
+        check_tensor(fn, name, x, "[B, H, T]", sizes=(B, H, T), like=("q", q), dtypes=dtypes)
+    M = v.shape[-1]
     if causal and Tq != T:
         raise ValueError(f"{fn}: a causal read needs as many queries as keys, got Tq={Tq}, T={T}")
     if not (1 <= Tq <= MAX_T and 1 <= T <= MAX_T):
         raise ValueError(f"{fn}: Tq={Tq}, T={T}; the fused read takes 1..{MAX_T} positions")
     if d > MAX_D or M > MAX_D:
         raise ValueError(f"{fn}: d={d}, M={M}; the fused read takes heads and values of at most {MAX_D}")
+    return tuple(rowwise(x) for x in (q, k, v))
+
+
+def strides(*tensors):
+    """The batch, head and row strides of each tensor [B, H, rows, ...], in order: the kernels' pointer arithmetic
+    (entries contiguous: rowwise)."""
+    return [s for x in tensors for s in x.stride()[:3]]
+
+
+def sizes(spec, q, k, v):
+    """The sizes every kernel takes after its pointers: H, Tq, T, d, E, m, M."""
+    return (q.shape[1], q.shape[2], k.shape[2], q.shape[3], spec.E, spec.m, v.shape[-1])
+
+
+def meta(spec, q, k, v, **flags):
+    """The kernels' meta-parameters: the rule's `flags`, the map's (MAP, DB, EC), the values' block MB, the
+    positions per block BT, the products' precision PREC and the accumulators' dtype ACC."""
+    prec, acc = precision(q.dtype)
+    return dict(flags, MAP=spec.code, DB=spec.db, MB=max(16, triton.next_power_of_2(v.shape[-1])), EC=spec.ec,
+                BT=block_t(max(q.shape[2], k.shape[2])), PREC=prec, ACC=acc, num_stages=NUM_STAGES)
+
+
+def grid(q, kernel_meta, n=None):
+    """The programs: one per head (B H), times one per block of n positions (kernel_meta's BT) where n is given."""
+    heads = q.shape[0] * q.shape[1]
+    return (heads,) if n is None else (heads, triton.cdiv(n, kernel_meta["BT"]))
 
 
 def rowwise(x):

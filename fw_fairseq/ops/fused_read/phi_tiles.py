@@ -1,11 +1,12 @@
 """phi of a tile of raw rows, formed in registers, for the fused reads' Triton kernels (rules/sum/fused_kernels.py,
-rules/delta/fused_kernels.py): the same functions as feature_maps.py's maps, one chunk of feature columns at a time, so that no
-[B, H, T, E] tensor is ever written.
+rules/delta/fused_kernels.py): the same functions as feature_maps.py's maps, one chunk of feature columns at a time,
+so that no [B, H, T, E] tensor is ever written.
 
 A map is a code (MAP, cpu_extension.KERNEL_MAPS' numbering) and its numbers: d (the head's width), nu (DPFP's),
 m (FAVOR+'s random features; R at proj_ptr, [m, d] row-major, float32). A tile is the rows `rows` [BT] of one head
 (row stride `srow`, entries contiguous); `ok` [BT] marks the rows that exist. A chunk is the feature columns
-`cols` [EC]; columns at or past E read as 0.
+`cols` [EC]; columns at or past E read as 0. Beside phi, the tiles every kernel loads and stores (load_tile,
+store_tile) and the head and block of its program (head_program).
 
 - `row_stats`: what a row's features depend on beyond its own entries: FAVOR+ a query's shift (the maximum of e,
   and its column), Hedgehog the two softmaxes' maxima and sums.
@@ -58,6 +59,15 @@ def store_tile(ptr, rows, ok, stride, n, x, NB: tl.constexpr):
     """ptr[rows, :n] = x [BT, NB], in ptr's dtype."""
     c = tl.arange(0, NB)
     tl.store(ptr + rows[:, None] * stride + c[None, :], x.to(ptr.dtype.element_ty), mask=ok[:, None] & (c[None, :] < n))
+
+
+@triton.jit
+def head_program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT: tl.constexpr):
+    """The program of a grid (B H, blocks of BT positions): its (b H + h, b, h, first row of its block) and the
+    pointers to its head of q, k and v (each [B, H, rows, ...] with batch and head strides s?b, s?h)."""
+    bh, start = tl.program_id(0), tl.program_id(1) * BT
+    b, h = bh // H, bh % H
+    return bh, b, h, start, q_ptr + b * sqb + h * sqh, k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
 
 
 @triton.jit

@@ -18,11 +18,10 @@ import torch
 from fw_fairseq.ops.kernels import cuda_extension  # through the module: a test stands in for the extension in one place
 from fw_fairseq.ops.kernels.cuda_ops import apply_kernel
 from fw_fairseq.ops.common.attend_function import attend_short
+from fw_fairseq.ops.common.checks import check_tensor
 from fw_fairseq.ops.common.guards import autocast_off, records, state_dtype
 from fw_fairseq.ops.common.positions import position_weight, with_positions
 from fw_fairseq.ops.common.read_order import short_order
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def causal(rule, fn, q, k, v, scalars, initial_state=None, output_final_state=False):
@@ -66,10 +65,7 @@ def attend(rule, fn, q, k, v, scalars, positions=None):
     order weighs its scores by them, and hands the rule the wide keys only where its writes read the memory at
     their key (rule.key_reads)."""
     _, k, v, scalar_list, _ = _check_causal(fn, k, k, v, scalars, None, names=("k", "k", "v"))
-    _check_tensor(fn, "q", q, 4, "[B, H, Tq, E]")
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{fn}: q has shape {tuple(q.shape)}, expected "
-                         f"[B, H, Tq, E] with B, H, E of k's {tuple(k.shape)}")
+    check_tensor(fn, "q", q, "[B, H, Tq, E]", sizes=(*k.shape[:2], None, k.shape[-1]))
     # one dtype for q and the memory, so that both orders compute in the same precision
     dtype = torch.promote_types(q.dtype, k.dtype)
     q, k, v = (x.to(dtype) for x in (q, k, v))
@@ -95,14 +91,9 @@ def attend(rule, fn, q, k, v, scalars, positions=None):
 def fast_weight_read(q, state):
     """o = q @ state: q [B, H, Tq, E], state [B, H, E, M] -> o [B, H, Tq, M], computed and returned
     in the wider of the state's dtype and state_dtype(q.dtype) (float32 for a half-precision query)."""
-    _check_tensor("fast_weight_read", "q", q, 4, "[B, H, Tq, E]")
-    _check_tensor("fast_weight_read", "state", state, 4, "[B, H, E, M]")
+    check_tensor("fast_weight_read", "q", q, "[B, H, Tq, E]")
     B, H, _, E = q.shape
-    if state.shape[:3] != (B, H, E):
-        raise ValueError(
-            f"fast_weight_read: state has shape {tuple(state.shape)}, expected [B, H, E, M] = [{B}, {H}, {E}, M] from q"
-        )
-    _check_device("fast_weight_read", q.device, "q", state=state)
+    check_tensor("fast_weight_read", "state", state, "[B, H, E, M]", sizes=(B, H, E, None), like=("q", q))
     dtype = torch.promote_types(state_dtype(q.dtype), state.dtype)
     return torch.einsum("bhte,bhem->bhtm", q.to(dtype), state.to(dtype))
 
@@ -118,49 +109,19 @@ def _kernel_state(q, k, v, state0):
 def _check_causal(fn, q, k, v, scalars, initial_state, names=("q", "k", "v")):
     """Validate, promote q, k, v and the per-position scalars ({name: [B, H, T] tensor}, e.g. beta)
     to one float dtype and make them contiguous. Returns (q, k, v, [the scalars in order], initial_state)."""
-    for name, x, shape in zip(names, (q, k, v), ("[B, H, T, E]", "[B, H, T, E]", "[B, H, T, M]")):
-        _check_tensor(fn, name, x, 4, shape)
+    check_tensor(fn, names[0], q, "[B, H, T, E]")
     B, H, T, E = q.shape
     if T < 1:
         raise ValueError(f"{fn}: {names[0]} has T={T} positions; T must be >= 1")
-    if k.shape != q.shape:
-        raise ValueError(f"{fn}: {names[1]} has shape {tuple(k.shape)}, expected {names[0]}'s {tuple(q.shape)}")
-    if v.shape[:3] != (B, H, T):
-        raise ValueError(f"{fn}: v has shape {tuple(v.shape)}, expected [B, H, T, M] = [{B}, {H}, {T}, M]")
+    first = (names[0], q)
+    check_tensor(fn, names[1], k, "[B, H, T, E]", sizes=q.shape, like=first)
+    check_tensor(fn, "v", v, "[B, H, T, M]", sizes=(B, H, T, None), like=first)
     for name, x in scalars.items():
-        _check_tensor(fn, name, x, 3, "[B, H, T]")
-        if x.shape != (B, H, T):
-            raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)}, expected [B, H, T] = [{B}, {H}, {T}]")
-    tensors = {"k": k, "v": v, **scalars}
+        check_tensor(fn, name, x, "[B, H, T]", sizes=(B, H, T), like=first)
     if initial_state is not None:
-        _check_tensor(fn, "initial_state", initial_state, 4, "[B, H, E, M]")
-        M = v.shape[-1]
-        if initial_state.shape != (B, H, E, M):
-            raise ValueError(
-                f"{fn}: initial_state has shape {tuple(initial_state.shape)}, "
-                f"expected [B, H, E, M] = [{B}, {H}, {E}, {M}]"
-            )
-        tensors["initial_state"] = initial_state
-    _check_device(fn, q.device, names[0], **tensors)
+        check_tensor(fn, "initial_state", initial_state, "[B, H, E, M]", sizes=(B, H, E, v.shape[-1]), like=first)
     dtype = q.dtype
     for x in (k, v, *scalars.values()):
         dtype = torch.promote_types(dtype, x.dtype)
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     return q, k, v, [x.to(dtype).contiguous() for x in scalars.values()], initial_state
-
-
-def _check_tensor(fn, name, x, rank, shape):
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{fn}: {name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
-    if x.dim() != rank:
-        raise ValueError(f"{fn}: {name} has shape {tuple(x.shape)} (rank {x.dim()}), expected rank {rank}: {shape}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"{fn}: {name} has dtype {x.dtype}; allowed: float16, bfloat16, float32, float64")
-
-
-def _check_device(fn, device, first, **tensors):
-    for name, x in tensors.items():
-        if x.device != device:
-            raise ValueError(
-                f"{fn}: {name} is on {x.device} but {first} is on {device}; all inputs must share a device"
-            )

@@ -2,19 +2,15 @@
 chip from the raw heads (fused_read.py, fused_kernels.py, fused_backward_kernels.py). Padding is in the scalars'
 pad values (beta = 0, alpha = 1) and the zero value rows: no mask. Triton is imported at the first call:
 fused_read/available.py."""
-from fw_fairseq.ops.common.guards import state_dtype
-
-
-def _scalar(x, q):
-    return x.to(state_dtype(q.dtype)).contiguous()  # the module's scalars are fp32 beside half heads
 
 
 def delta_fused(spec, q, k, v, scalars, causal, norm, key_padding_mask):
-    """The delta rule's o [B, H, Tq, M]: the gated kernels with alpha = 1, which skip every decay."""
+    """The delta rule's o [B, H, Tq, M] from the raw heads, already checked (fused_read/dispatch.py): the gated
+    kernels with alpha = 1, which skip every decay."""
     from fw_fairseq.ops.rules.delta import fused_read  # Triton: only once fused_read/available.py has imported it
 
     (beta,) = scalars
-    return fused_read.delta_read(spec, q, k, v, _scalar(beta, q), None, causal, norm)
+    return fused_read.delta_read(spec, q, k, v, beta, None, causal, norm)
 
 
 def gated_delta_fused(spec, q, k, v, scalars, causal, norm, key_padding_mask):
@@ -22,4 +18,4 @@ def gated_delta_fused(spec, q, k, v, scalars, causal, norm, key_padding_mask):
     from fw_fairseq.ops.rules.delta import fused_read
 
     beta, alpha = scalars
-    return fused_read.delta_read(spec, q, k, v, _scalar(beta, q), _scalar(alpha, q), causal, norm)
+    return fused_read.delta_read(spec, q, k, v, beta, alpha, causal, norm)

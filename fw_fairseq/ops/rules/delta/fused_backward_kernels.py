@@ -23,8 +23,10 @@ dphi = dK^ / n - a z, a = (y . dK^) / n where the norm is unclamped, z = 1 (sum)
 import triton
 import triton.language as tl
 
-from fw_fairseq.ops.rules.delta.fused_kernels import (gate, key_pairs, read_mask, read_scores, unit_lower_inverse, writes)
-from fw_fairseq.ops.fused_read.phi_tiles import FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats, store_tile
+from fw_fairseq.ops.fused_read.phi_tiles import (FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, load_tile,
+                                                  phi_chunk, row_stats, store_tile)
+from fw_fairseq.ops.rules.delta.fused_kernels import (delta_program, gate, key_pairs, read_mask, read_scores,
+                                                      unit_lower_inverse, writes)
 
 
 @triton.jit(do_not_specialize=SIZES)
@@ -34,12 +36,9 @@ def delta_backward_du(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_pt
                       DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                       ACC: tl.constexpr):
     """dU [BT, M] of one key block, into the scratch w [B, H, T, M]."""
-    bh, kj = tl.program_id(0), tl.program_id(1) * BT
-    b, h = bh // H, bh % H
-    q_ptr += b * sqb + h * sqh
-    k_ptr += b * skb + h * skh
+    bh, b, h, kj, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
     do_ptr += b * sgb + h * sgh
-    g_ptr += bh * T
     krows, kok = block_rows(kj, T, BT)
     ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
     du = tl.zeros([BT, MB], dtype=ACC)
@@ -74,15 +73,11 @@ def delta_backward_solve(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk
                          DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                          ACC: tl.constexpr):
     """G [T, M] of one head in place of dU in w, last block first; dv, dbeta and (gated) dg."""
-    bh = tl.program_id(0)
-    b, h = bh // H, bh % H
-    k_ptr += b * skb + h * skh
-    v_ptr += b * svb + h * svh
+    bh, b, h, start, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
     o_ptr += b * sob + h * soh
     do_ptr += b * sgb + h * sgh
-    beta_ptr += bh * T
-    g_ptr += bh * T
-    w_ptr += bh * T * M
+    w_ptr += bh * T * M  # the scratch [B, H, T, M], laid out as R
     total = 0.0
     if GATED and not CAUSAL:
         total = _read_total(o_ptr, do_ptr, Tq, M, sot, sgt, BT, MB, ACC)
@@ -107,7 +102,7 @@ def delta_backward_solve(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk
         grad = tl.dot(tl.trans(unit_lower_inverse(x * beta[:, None], BT)), rhs, input_precision=PREC)
         store_tile(w_ptr, rows, ok, M, M, grad, MB)
         tl.debug_barrier()  # the earlier blocks load these rows of G
-        r = load_tile(r_ptr + bh * T * M, rows, ok, M, M, MB).to(ACC)
+        r = load_tile(r_ptr, rows, ok, M, M, MB).to(ACC)
         tl.store(dbeta_ptr + bh * T + rows, tl.sum(grad * r, axis=1), mask=ok)
         store_tile(dv_ptr + b * sdb + h * sdh, rows, ok, sdt, M, grad * beta[:, None], MB)
         if GATED:
@@ -184,22 +179,18 @@ def delta_backward_k(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr
                      DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                      ACC: tl.constexpr):
     """dk [BT, d] of one key block (w holds G)."""
-    bh, kj = tl.program_id(0), tl.program_id(1) * BT
-    b, h = bh // H, bh % H
-    k_ptr += b * skb + h * skh
-    beta_ptr += bh * T
-    g_ptr += bh * T
-    r_ptr += bh * T * M
-    w_ptr += bh * T * M
+    bh, b, h, kj, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
+    w_ptr += bh * T * M  # the scratch [B, H, T, M], laid out as R
     krows, kok = block_rows(kj, T, BT)
     ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
-    raw = tl.load(nk_ptr + bh * T + krows, mask=kok, other=0.0)
+    raw = tl.load(nk_ptr + krows, mask=kok, other=0.0)
     n = tl.maximum(raw, eps)
     beta = tl.load(beta_ptr + krows, mask=kok, other=0.0).to(ACC)
     bgk = load_tile(w_ptr, krows, kok, M, M, MB).to(ACC) * beta[:, None]
     r = load_tile(r_ptr, krows, kok, M, M, MB).to(ACC)
     # k^_j . dK^_j = beta_j G_j . (2 R_j - v_j) (module docstring)
-    yg = tl.sum(bgk * (2.0 * r - load_tile(v_ptr + b * svb + h * svh, krows, kok, svt, M, MB).to(ACC)), axis=1)
+    yg = tl.sum(bgk * (2.0 * r - load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC)), axis=1)
     a = tl.where(raw > eps, yg / n, 0.0)
     uk = r * beta[:, None]
     uk_read = writes(r_ptr, beta_ptr, g_ptr, krows, kok, T, M, GATED and not CAUSAL, MB, ACC)
@@ -207,10 +198,9 @@ def delta_backward_k(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr
     dx = tl.zeros([BT, DB], dtype=ACC)
     for c0 in range(0, E, EC):
         cols = c0 + tl.arange(0, EC)
-        dkh = _key_chunk(q_ptr + b * sqb + h * sqh, k_ptr, g_ptr, r_ptr, beta_ptr, w_ptr, proj_ptr,
-                         do_ptr + b * sgb + h * sgh, nq_ptr + bh * Tq, nk_ptr + bh * T, cols, kj, krows, kok, bgk,
-                         uk, uk_read, gk, Tq, T, d, E, m, M, eps, sqt, skt, sgt, CAUSAL, GATED, MAP, DB, MB, EC, BT,
-                         PREC, ACC)
+        dkh = _key_chunk(q_ptr, k_ptr, g_ptr, r_ptr, beta_ptr, w_ptr, proj_ptr, do_ptr + b * sgb + h * sgh, nq_ptr,
+                         nk_ptr, cols, kj, krows, kok, bgk, uk, uk_read, gk, Tq, T, d, E, m, M, eps, sqt, skt, sgt,
+                         CAUSAL, GATED, MAP, DB, MB, EC, BT, PREC, ACC)
         own = phi_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, d, E, m, ks[0], ks[1], ks[2], ks[3], False, MAP,
                         DB, PREC).to(ACC)
         dx += dx_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, _phi_grad(dkh, own, n, a, L2), d, E, m, ks[0], ks[1],
@@ -226,16 +216,11 @@ def delta_backward_q(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr
                      DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                      ACC: tl.constexpr):
     """dq [BT, d] of one query block."""
-    bh, qi = tl.program_id(0), tl.program_id(1) * BT
-    b, h = bh // H, bh % H
-    q_ptr += b * sqb + h * sqh
-    k_ptr += b * skb + h * skh
-    beta_ptr += bh * T
-    g_ptr += bh * T
-    r_ptr += bh * T * M
+    bh, b, h, qi, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
     qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
-    raw = tl.load(nq_ptr + bh * Tq + qrows, mask=qok, other=0.0)
+    raw = tl.load(nq_ptr + qrows, mask=qok, other=0.0)
     n = tl.maximum(raw, eps)
     do = load_tile(do_ptr + b * sgb + h * sgh, qrows, qok, sgt, M, MB).to(ACC)
     # q^_i . dQ^_i = dO_i . O_i (module docstring)
@@ -253,7 +238,7 @@ def delta_backward_q(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr
             u = writes(r_ptr, beta_ptr, g_ptr, krows, kok, T, M, GATED and not CAUSAL, MB, ACC)
             ds = read_mask(tl.dot(do, tl.trans(u), input_precision=PREC), qrows, qok, krows, kok, g_ptr, CAUSAL,
                            GATED)
-            nk = tl.maximum(tl.load(nk_ptr + bh * T + krows, mask=kok, other=0.0), eps)
+            nk = tl.maximum(tl.load(nk_ptr + krows, mask=kok, other=0.0), eps)
             pk = phi_chunk(k_ptr, proj_ptr, krows, kok, skt, cols, d, E, m, ks[0], ks[1], ks[2], ks[3], False, MAP,
                            DB, PREC).to(ACC) / nk[:, None]
             dqh += tl.dot(ds, pk, input_precision=PREC)

@@ -16,13 +16,14 @@ R is what the backward needs besides U (dbeta = rowsum(G * R)). A score tile sca
 
 delta_writes (grid B H, blocks in order: each needs the writes before it) writes R [B, H, T, M] and the keys'
 unclamped norms; delta_output (grid B H, query blocks) reads them into O and writes the queries' norms.
-Every kernel takes the same leading arguments (delta_read._common), each using those it needs.
+Every kernel takes the same leading arguments (fused_read._common) and starts from them the same way
+(delta_program), each using those it needs.
 """
 import triton
 import triton.language as tl
 
-from fw_fairseq.ops.fused_read.phi_tiles import SIZES, block_rows, load_tile, phi_chunk, row_stats, store_tile
-
+from fw_fairseq.ops.fused_read.phi_tiles import (SIZES, block_rows, head_program, load_tile, phi_chunk, row_stats,
+                                                  store_tile)
 
 
 @triton.jit
@@ -129,19 +130,25 @@ def unit_lower_inverse(n, BT: tl.constexpr):
     return inv
 
 
+@triton.jit
+def delta_program(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb,
+                  svh, BT: tl.constexpr):
+    """Every delta kernel's prologue: head_program's (b H + h, b, h, first row of the block, q, k, v at this head),
+    then the pointers to this head of beta, g, nk [B, H, T], R [B, H, T, M] and nq [B, H, Tq], all contiguous. On
+    the grids of one program per head (delta_writes, delta_backward_solve) the first row is 0, unused."""
+    bh, b, h, start, q_ptr, k_ptr, v_ptr = head_program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
+    return (bh, b, h, start, q_ptr, k_ptr, v_ptr, beta_ptr + bh * T, g_ptr + bh * T, r_ptr + bh * T * M,
+            nq_ptr + bh * Tq, nk_ptr + bh * T)
+
+
 @triton.jit(do_not_specialize=SIZES)
 def delta_writes(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, proj_ptr, H, Tq, T, d, E, m, M, eps,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
                  CAUSAL: tl.constexpr, GATED: tl.constexpr, L2: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
                  MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """R [T, M] of one head, block after block (module docstring), and the keys' unclamped norms."""
-    bh = tl.program_id(0)
-    b, h = bh // H, bh % H
-    k_ptr += b * skb + h * skh
-    v_ptr += b * svb + h * svh
-    beta_ptr += bh * T
-    g_ptr += bh * T
-    r_ptr += bh * T * M
+    bh, b, h, start, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
     for c0 in range(0, T, BT):
         rows, ok = block_rows(c0, T, BT)
         st = row_stats(k_ptr, proj_ptr, rows, ok, skt, d, E, m, False, MAP, DB, EC, PREC)
@@ -158,7 +165,7 @@ def delta_writes(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, pr
         beta = tl.load(beta_ptr + rows, mask=ok, other=0.0).to(ACC)
         r = tl.dot(unit_lower_inverse(x * beta[None, :], BT), rhs, input_precision=PREC)
         store_tile(r_ptr, rows, ok, M, M, r, MB)
-        tl.store(nk_ptr + bh * T + rows, nk, mask=ok)
+        tl.store(nk_ptr + rows, nk, mask=ok)
         tl.debug_barrier()  # the next blocks load these rows of R
 
 
@@ -168,13 +175,8 @@ def delta_output(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, pr
                  CAUSAL: tl.constexpr, GATED: tl.constexpr, L2: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
                  MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """O [BT, M] of one query block of one head, and the queries' unclamped norms."""
-    bh, qi = tl.program_id(0), tl.program_id(1) * BT
-    b, h = bh // H, bh % H
-    q_ptr += b * sqb + h * sqh
-    k_ptr += b * skb + h * skh
-    beta_ptr += bh * T
-    g_ptr += bh * T
-    r_ptr += bh * T * M
+    bh, b, h, qi, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr = delta_program(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, H, Tq, T, M, sqb, sqh, skb, skh, svb, svh, BT)
     qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
     acc = tl.zeros([BT, MB], dtype=ACC)
@@ -188,4 +190,4 @@ def delta_output(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, r_ptr, nq_ptr, nk_ptr, pr
         u = writes(r_ptr, beta_ptr, g_ptr, krows, kok, T, M, GATED and not CAUSAL, MB, ACC)
         acc += tl.dot(p, u, input_precision=PREC)
     store_tile(o_ptr + b * sob + h * soh, qrows, qok, sot, M, acc, MB)
-    tl.store(nq_ptr + bh * Tq + qrows, nq, mask=qok)
+    tl.store(nq_ptr + qrows, nq, mask=qok)

@@ -11,32 +11,19 @@ which takes the kernels' dg back to alpha. Saved for the backward: the heads, R 
 O and the rows' unclamped norms [B, H, Tq], [B, H, T]. First order only (guards.first_order).
 """
 import torch
-import triton
 
 from fw_fairseq.ops.common.guards import first_order, records, state_dtype
+from fw_fairseq.ops.fused_read.launch import grid, meta, rowwise, sizes, strides
 from fw_fairseq.ops.maps.normalize_function import PHI_EPS
 from fw_fairseq.ops.rules.delta import fused_backward_kernels as delta_backward_kernels, fused_kernels as delta_kernels
-from fw_fairseq.ops.fused_read.launch import NUM_STAGES, block_t, check_heads, precision, rowwise
-
-NORMS = ("sum", "l2")
-
-
-def _strides(*tensors):
-    return [s for x in tensors for s in x.stride()[:3]]
 
 
 def _common(spec, q, k, v, beta, g, r, nq, nk, causal, norm):
-    """The arguments every kernel takes first, the meta-parameters, the block length and the grid's B H."""
-    B, H, Tq, d = q.shape
-    T, M = k.shape[2], v.shape[-1]
-    prec, acc = precision(q.dtype)
-    bt = block_t(max(Tq, T))
-    meta = dict(CAUSAL=causal, GATED=g is not None, L2=norm == "l2", MAP=spec.code, DB=spec.db,
-                MB=max(16, triton.next_power_of_2(M)), EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
+    """(the arguments every kernel takes first, the meta-parameters)."""
+    kernel_meta = meta(spec, q, k, v, CAUSAL=causal, GATED=g is not None, L2=norm == "l2")
     g = g if g is not None else beta  # a stand-in, never read ungated
-    args = [q, k, v, beta, g, r, nq, nk, spec.proj(q), H, Tq, T, d, spec.E, spec.m, M, PHI_EPS,
-            *_strides(q, k, v)]
-    return args, meta, bt, B * H
+    args = [q, k, v, beta, g, r, nq, nk, spec.proj(q), *sizes(spec, q, k, v), PHI_EPS, *strides(q, k, v)]
+    return args, kernel_meta
 
 
 def delta_forward(spec, q, k, v, beta, g, causal, norm):
@@ -49,40 +36,38 @@ def delta_forward(spec, q, k, v, beta, g, causal, norm):
     r = torch.empty(B, H, T, M, dtype=dtype, device=q.device)
     nq = torch.empty(B, H, Tq, dtype=dtype, device=q.device)
     nk = torch.empty(B, H, T, dtype=dtype, device=q.device)
-    args, meta, bt, grid_bh = _common(spec, q, k, v, beta, g, r, nq, nk, causal, norm)
-    delta_kernels.delta_writes[(grid_bh,)](*args, **meta)
-    delta_kernels.delta_output[(grid_bh, triton.cdiv(Tq, bt))](*args, o, *_strides(o), **meta)
+    args, kernel_meta = _common(spec, q, k, v, beta, g, r, nq, nk, causal, norm)
+    delta_kernels.delta_writes[grid(q, kernel_meta)](*args, **kernel_meta)
+    delta_kernels.delta_output[grid(q, kernel_meta, Tq)](*args, o, *strides(o), **kernel_meta)
     return o, r, nq, nk
 
 
 def delta_backward(spec, q, k, v, beta, g, causal, norm, r, o, nq, nk, do):
     """(dq, dk, dv, dbeta, dg): dq, dk, dv in their inputs' dtypes, dbeta and dg [B, H, T] in O's (dg None
     ungated)."""
-    T = k.shape[2]
-    args, meta, bt, grid_bh = _common(spec, q, k, v, beta, g, r, nq, nk, causal, norm)
+    args, kernel_meta = _common(spec, q, k, v, beta, g, r, nq, nk, causal, norm)
     w = torch.empty_like(r)  # dU, then G in its place
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
     dbeta = torch.empty_like(beta)
     dg = torch.empty_like(g) if g is not None else dbeta
-    grads = [do, *_strides(do), w]
-    key_grid, query_grid = (grid_bh, triton.cdiv(T, bt)), (grid_bh, triton.cdiv(q.shape[2], bt))
-    delta_backward_kernels.delta_backward_du[key_grid](*args, *grads, **meta)
-    delta_backward_kernels.delta_backward_solve[(grid_bh,)](*args, *grads, o, *_strides(o), dv, *_strides(dv),
-                                                            dbeta, dg, **meta)
-    delta_backward_kernels.delta_backward_k[key_grid](*args, *grads, dk, *_strides(dk), **meta)
-    delta_backward_kernels.delta_backward_q[query_grid](*args, do, *_strides(do), o, *_strides(o), dq, *_strides(dq),
-                                                         **meta)
+    grads = [do, *strides(do), w]
+    key_grid, query_grid = grid(q, kernel_meta, k.shape[2]), grid(q, kernel_meta, q.shape[2])
+    delta_backward_kernels.delta_backward_du[key_grid](*args, *grads, **kernel_meta)
+    delta_backward_kernels.delta_backward_solve[grid(q, kernel_meta)](*args, *grads, o, *strides(o), dv,
+                                                                      *strides(dv), dbeta, dg, **kernel_meta)
+    delta_backward_kernels.delta_backward_k[key_grid](*args, *grads, dk, *strides(dk), **kernel_meta)
+    delta_backward_kernels.delta_backward_q[query_grid](*args, do, *strides(do), o, *strides(o), dq, *strides(dq),
+                                                         **kernel_meta)
     return dq, dk, dv, dbeta, (dg if g is not None else None)
 
 
 class FusedDeltaRead(torch.autograd.Function):
-    """O of the (gated) delta rule from raw heads (module docstring); g = cumsum(log alpha) or None; spec:
-    launch.MapSpec; norm: "sum" or "l2"."""
+    """O of the (gated) delta rule from raw heads (module docstring); beta [B, H, T] contiguous in O's dtype,
+    g = cumsum(log alpha) or None; spec: launch.MapSpec; norm: "sum" or "l2"."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, spec, causal, norm):
-        ctx.spec, ctx.causal, ctx.norm, ctx.beta_dtype = spec, causal, norm, beta.dtype
-        beta = beta.to(state_dtype(q.dtype)).contiguous()
+        ctx.spec, ctx.causal, ctx.norm = spec, causal, norm
         o, r, nq, nk = delta_forward(spec, q, k, v, beta, g, causal, norm)
         ctx.save_for_backward(q, k, v, beta, g, r, o, nq, nk)
         return o
@@ -93,21 +78,17 @@ class FusedDeltaRead(torch.autograd.Function):
         q, k, v, beta, g, r, o, nq, nk = ctx.saved_tensors
         dq, dk, dv, dbeta, dg = delta_backward(ctx.spec, q, k, v, beta, g, ctx.causal, ctx.norm, r, o, nq, nk,
                                                rowwise(grad))
-        return dq, dk, dv, dbeta.to(ctx.beta_dtype), dg, None, None, None
+        return dq, dk, dv, dbeta, dg, None, None, None
 
 
 def delta_read(spec, q, k, v, beta, alpha, causal, norm):
-    """O [B, H, Tq, M]; spec: launch.MapSpec; alpha None for the (ungated) delta rule; norm 'sum' or 'l2'.
-    Uses FusedDeltaRead.apply where autograd records (guards.records), the forward kernel alone otherwise."""
-    scalars = {"beta": beta} if alpha is None else {"beta": beta, "alpha": alpha}
-    check_heads("delta_read", q, k, v, scalars, causal)
-    if norm not in NORMS:
-        raise ValueError(f"delta_read: norm={norm!r}; allowed: 'sum', 'l2'")
-    if q.shape[-1] != spec.d:
-        raise ValueError(f"delta_read: q has head width {q.shape[-1]}, but the map takes d={spec.d}")
-    q, k, v = (rowwise(x) for x in (q, k, v))
+    """O [B, H, Tq, M]; spec: launch.MapSpec; alpha None for the (ungated) delta rule; norm 'sum' or 'l2'; the heads
+    and scalars as fused_read/dispatch.read passes them, checked (launch.checked_heads). Uses FusedDeltaRead.apply
+    where autograd records (guards.records), the forward kernels alone otherwise."""
     dtype = state_dtype(q.dtype)
+    # the module's scalars are fp32 beside half heads; the cast is recorded, so dbeta returns in beta's dtype
+    beta = beta.to(dtype).contiguous()
     g = None if alpha is None else alpha.to(dtype).log().cumsum(-1).contiguous()  # [B, H, T]
     if records(q, k, v, beta, g):
         return FusedDeltaRead.apply(q, k, v, beta, g, spec, causal, norm)
-    return delta_forward(spec, q, k, v, beta.to(dtype).contiguous(), g, causal, norm)[0]
+    return delta_forward(spec, q, k, v, beta, g, causal, norm)[0]

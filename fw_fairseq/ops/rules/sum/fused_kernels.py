@@ -16,8 +16,8 @@ scores of dv carry the same constant W. It is formed on chip from the angles, ne
 import triton
 import triton.language as tl
 
-from fw_fairseq.ops.fused_read.phi_tiles import (FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, load_tile, phi_chunk, row_stats,
-                        store_tile)
+from fw_fairseq.ops.fused_read.phi_tiles import (FAVOR, SIZES, block_rows, dx_chunk, favor_shift_dx, head_program,
+                                                  load_tile, phi_chunk, row_stats, store_tile)
 
 
 @triton.jit
@@ -66,14 +66,6 @@ def _weigh(s, qa_ptr, kb_ptr, b, Tq, T, qrows, qok, krows, kok, ALIGN: tl.conste
 
 
 @triton.jit
-def _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT: tl.constexpr):
-    """This program's (b H + h, b, h, first row of its block) and the pointers to its head of q, k and v."""
-    bh, start = tl.program_id(0), tl.program_id(1) * BT
-    b, h = bh // H, bh % H
-    return bh, b, h, start, q_ptr + b * sqb + h * sqh, k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh
-
-
-@triton.jit
 def _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, sot, sgb, sgh, sgt,
                  MB: tl.constexpr, ACC: tl.constexpr):
     """A query block's dy [BT, M], delta = rowsum(dy * y) and n [BT]."""
@@ -88,7 +80,7 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, qa_ptr, k
                 CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr, DB: tl.constexpr,
                 MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
     """y [BT, M] of one query block of one head, and its n [BT]."""
-    bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
+    bh, b, h, qi, q_ptr, k_ptr, v_ptr = head_program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
     qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
     acc = tl.zeros([BT, MB], dtype=ACC)
@@ -111,10 +103,10 @@ def sum_forward(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, mask_ptr, proj_ptr, qa_ptr, k
 def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, proj_ptr, qa_ptr, kb_ptr,
                    H, Tq, T, d, E, m, M, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
                    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr,
-                   DB: tl.constexpr,
-                   MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
+                   DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                   ACC: tl.constexpr):
     """dq [BT, d] of one query block (dq has q's strides; dy = do has o's)."""
-    bh, b, h, qi, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
+    bh, b, h, qi, q_ptr, k_ptr, v_ptr = head_program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
     qrows, qok = block_rows(qi, Tq, BT)
     qs = row_stats(q_ptr, proj_ptr, qrows, qok, sqt, d, E, m, True, MAP, DB, EC, PREC)
     dy, delta, n = _query_grads(o_ptr, do_ptr, n_ptr, bh, b, h, qrows, qok, Tq, M, sob, soh, sot, sgb, sgh, sgt,
@@ -147,13 +139,12 @@ def sum_backward_q(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dq_ptr, mask_ptr, 
 
 @triton.jit(do_not_specialize=SIZES)
 def sum_backward_kv(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, n_ptr, dk_ptr, dv_ptr, mask_ptr, proj_ptr, qa_ptr, kb_ptr,
-                    H, Tq, T, d, E, m, M,
-                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
+                    H, Tq, T, d, E, m, M, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sgb, sgh, sgt,
                     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, ALIGN: tl.constexpr, MAP: tl.constexpr,
-                   DB: tl.constexpr,
-                    MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr):
+                    DB: tl.constexpr, MB: tl.constexpr, EC: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                    ACC: tl.constexpr):
     """dk [BT, d] and dv [BT, M] of one key block (dk has k's strides, dv v's)."""
-    bh, b, h, kj, q_ptr, k_ptr, v_ptr = _program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
+    bh, b, h, kj, q_ptr, k_ptr, v_ptr = head_program(q_ptr, k_ptr, v_ptr, H, sqb, sqh, skb, skh, svb, svh, BT)
     krows, kok = _key_rows(mask_ptr, b, kj, T, BT, HAS_MASK)
     ks = row_stats(k_ptr, proj_ptr, krows, kok, skt, d, E, m, False, MAP, DB, EC, PREC)
     v = load_tile(v_ptr, krows, kok, svt, M, MB).to(ACC)

@@ -9,27 +9,20 @@ align: None, or (P, qa [B, Tq], kb [B, T]): the aligned cross-attention's weight
 queries' and keys' angles on the scores (fused_kernels.py), a constant without a gradient.
 """
 import torch
-import triton
 
 from fw_fairseq.ops.common.guards import first_order, state_dtype
 from fw_fairseq.ops.common.z_column import Z_EPS
+from fw_fairseq.ops.fused_read.launch import grid, meta, rowwise, sizes, strides
 from fw_fairseq.ops.rules.sum import fused_kernels as sum_kernels
-from fw_fairseq.ops.fused_read.launch import NUM_STAGES, block_t, precision, rowwise
 
 
-def _launch_args(spec, q, k, v, mask, align):
-    """(programs per block row, positions per block, the kernels' constants, the sizes, and the pointers' tensors
-    after proj: mask, qa, kb, with 1-element stand-ins for those not given)."""
-    B, H, Tq, d = q.shape
-    T, M = k.shape[2], v.shape[-1]
-    prec, acc = precision(q.dtype)
-    bt = block_t(max(Tq, T))
-    meta = dict(HAS_MASK=mask is not None, ALIGN=0 if align is None else align[0], MAP=spec.code, DB=spec.db,
-                MB=max(16, triton.next_power_of_2(M)), EC=spec.ec, BT=bt, PREC=prec, ACC=acc, num_stages=NUM_STAGES)
-    sizes = (H, Tq, T, d, spec.E, spec.m, M)
+def _launch_args(spec, q, k, v, mask, causal, align):
+    """(the kernels' meta-parameters, the arguments they take after the heads' tensors: the pointers mask, proj, qa,
+    kb, with 1-element stand-ins for those not given, then the sizes)."""
+    flags = dict(CAUSAL=causal, HAS_MASK=mask is not None, ALIGN=0 if align is None else align[0])
     mask = mask if mask is not None else q.new_zeros(1, dtype=torch.uint8)
     angles = (q.new_zeros(1, dtype=state_dtype(q.dtype)),) * 2 if align is None else kernel_align(q.dtype, align)[1:]
-    return B * H, bt, meta, sizes, (mask, *angles)
+    return meta(spec, q, k, v, **flags), (mask, spec.proj(q), *angles, *sizes(spec, q, k, v))
 
 
 def kernel_align(dtype, align):
@@ -41,35 +34,27 @@ def kernel_align(dtype, align):
     return (order, *(x.to(state_dtype(dtype)).contiguous() for x in angles))
 
 
-def _strides(*tensors):
-    return [s for x in tensors for s in x.stride()[:3]]
-
-
 def sum_forward(spec, q, k, v, mask, causal, align=None):
     """(y [B, H, Tq, M], n [B, H, Tq]); mask: [B, T] uint8 (nonzero at padding) or None."""
     B, H, Tq, _ = q.shape
-    M = v.shape[-1]
-    grid_bh, bt, meta, sizes, (mask_arg, *angles) = _launch_args(spec, q, k, v, mask, align)
+    kernel_meta, args = _launch_args(spec, q, k, v, mask, causal, align)
     dtype = state_dtype(q.dtype)
-    y = torch.empty(Tq, B, H, M, dtype=dtype, device=q.device).permute(1, 2, 0, 3)  # [B, H, Tq, M] view
+    y = torch.empty(Tq, B, H, v.shape[-1], dtype=dtype, device=q.device).permute(1, 2, 0, 3)  # [B, H, Tq, M] view
     n = torch.empty(B, H, Tq, dtype=dtype, device=q.device)
-    sum_kernels.sum_forward[(grid_bh, triton.cdiv(Tq, bt))](
-        q, k, v, y, n, mask_arg, spec.proj(q), *angles, *sizes, Z_EPS, *_strides(q, k, v, y), CAUSAL=causal,
-        **meta)
+    sum_kernels.sum_forward[grid(q, kernel_meta, Tq)](q, k, v, y, n, *args, Z_EPS, *strides(q, k, v, y),
+                                                      **kernel_meta)
     return y, n
 
 
 def sum_backward(spec, q, k, v, mask, causal, y, n, dy, align=None):
     """(dq, dk, dv), each with its input's strides and dtype."""
-    Tq, T = q.shape[2], k.shape[2]
-    grid_bh, bt, meta, sizes, (mask_arg, *angles) = _launch_args(spec, q, k, v, mask, align)
-    proj = spec.proj(q)
+    kernel_meta, args = _launch_args(spec, q, k, v, mask, causal, align)
     dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-    common = _strides(q, k, v, y, dy)
-    sum_kernels.sum_backward_q[(grid_bh, triton.cdiv(Tq, bt))](
-        q, k, v, y, dy, n, dq, mask_arg, proj, *angles, *sizes, *common, CAUSAL=causal, **meta)
-    sum_kernels.sum_backward_kv[(grid_bh, triton.cdiv(T, bt))](
-        q, k, v, y, dy, n, dk, dv, mask_arg, proj, *angles, *sizes, *common, CAUSAL=causal, **meta)
+    common = strides(q, k, v, y, dy)
+    sum_kernels.sum_backward_q[grid(q, kernel_meta, q.shape[2])](q, k, v, y, dy, n, dq, *args, *common,
+                                                                 **kernel_meta)
+    sum_kernels.sum_backward_kv[grid(q, kernel_meta, k.shape[2])](q, k, v, y, dy, n, dk, dv, *args, *common,
+                                                                  **kernel_meta)
     return dq, dk, dv
 
 
