@@ -25,7 +25,7 @@ import torch
 
 from fairseq import checkpoint_utils, trainer
 
-from fw_fairseq.modules.fast_weight_config import FastWeightConfig, per_block_rules, with_later_flags
+from fw_fairseq.modules.fast_weight_config import per_block_rules, with_later_flags
 from fw_fairseq.modules.fast_weight_flags import cli_error
 from fw_fairseq.modules.flag_table import BY_NAME
 
@@ -58,10 +58,11 @@ def differences(found: Dict[str, str], wanted: Dict[str, str]) -> str:
 class RecordsFastWeightSettings:
     """Mixed into the plugin's fairseq models (before the fairseq base class)."""
 
-    def record_fast_weight_settings(self, config: FastWeightConfig, converted_from: Optional[str] = None):
-        """The record of `config`'s flags, and of the softmax model it was converted from where it was."""
+    def record_fast_weight_settings(self, settings: Dict[str, str], converted_from: Optional[str] = None):
+        """The record of the model's settings (FastWeightConfig.settings), and of the softmax model it was converted
+        from where it was."""
         extra = {} if converted_from is None else {CONVERTED: converted_from}
-        self.register_buffer(RECORD, encode({**config.settings(), **extra}))
+        self.register_buffer(RECORD, encode({**settings, **extra}))
 
     def converted_from(self) -> Optional[str]:
         """"ARCH (FILE)" of the softmax checkpoint this model was converted from, None where it was not."""

@@ -121,6 +121,7 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
     def build_model(cls, args, task):
         transformer_fw(args)  # fill options missing from older checkpoints
         config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
+        settings = config.settings()
         # fairseq hands build_encoder and build_decoder only its copy of the args (TransformerConfig.from_namespace
         # copies every attribute); the config leaves the args before anything saves them
         args.fw_config = config
@@ -128,7 +129,7 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
             model = super().build_model(args, task)
         finally:
             del args.fw_config
-        model.record_fast_weight_settings(config)
+        model.record_fast_weight_settings(settings)
         return model
 
     @classmethod
