@@ -6,6 +6,8 @@ says so. Architectures call the stock architecture and then fill the `--fw-*` op
 (fast_weight_config.set_fast_weight_defaults); build_model reads them once into a FastWeightConfig, which the encoder,
 the decoder and each of their layers are built from.
 """
+import logging
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (TransformerDecoder, TransformerEncoder, TransformerModel,
@@ -18,6 +20,22 @@ from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args, check_fast_weight_args,
                                                    set_fast_weight_defaults)
+
+logger = logging.getLogger(__name__)
+# The criteria the aligned read of the source was measured with: fw_unlikelihood for training,
+# fw_attention_distillation for the distillation stage of a conversion (docs/long_outputs.md, docs/converting.md)
+ALIGNED_READ_CRITERIA = ("fw_unlikelihood", "fw_attention_distillation")
+
+
+def criterion_warning(args, config: FastWeightConfig):
+    """One line for a run that trains the aligned read (--fw-cross-align P > 0) with another criterion, else None.
+    fairseq takes the criterion from the command line only, so without this such a run silently trains another
+    recipe than the measured one."""
+    criterion = getattr(args, "criterion", None)
+    if criterion is None or criterion in ALIGNED_READ_CRITERIA or not (config.uses("cross") and config.cross_align):
+        return None
+    return (f"--fw-cross-align {config.cross_align} was measured with --criterion fw_unlikelihood; this run trains "
+            f"with --criterion {criterion}, and its long translations run to the length limit more often")
 
 
 def _wrap_like_fairseq(layer, cfg):
@@ -130,7 +148,16 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
         finally:
             del args.fw_config
         model.record_fast_weight_settings(settings)
+        model.criterion_warning = criterion_warning(args, config)
         return model
+
+    def forward(self, *args, **kwargs):
+        # the warning waits for the first training forward: generation and validation rebuild the model from the
+        # same saved args, and have nothing to change
+        if self.training and getattr(self, "criterion_warning", None):
+            logger.warning(self.criterion_warning)
+            self.criterion_warning = None
+        return super().forward(*args, **kwargs)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
