@@ -2,7 +2,7 @@
 
 Each fast-weight block's learned feature map is trained to make the block attend as the softmax teacher did, on the
 fly in the same forward: from the block's own q and k (the teacher's projections, copied by
-scripts/convert/convert_softmax.py and frozen here),
+fw_research.convert.convert_softmax and frozen here),
 
     teacher  A = softmax(q k^T / sqrt(d))                      padded keys masked, causal in decoder self-attention
     student  A' = phi(q) phi(k)^T / (sum_s phi(q) phi(k_s)^T + Z_EPS)   the same masks: the sum rule's read weights

@@ -108,7 +108,7 @@ class FastWeightAttention(nn.Module):
         for name in self.rule.scalars:
             self.add_module(f"{name}_proj", nn.Linear(self.kdim, num_heads))
         # Registered under its flag's name: FAVOR+'s R keeps the state-dict key `favor.projection`
-        # that checkpoints, --store-ema and scripts/wmt14/average_checkpoints.py know.
+        # that checkpoints, --store-ema and fw_research.wmt14.average_checkpoints know.
         # The learned maps' (T2R, trainable Hedgehog) per-head parameters live here too: `t2r.linear.weight`.
         self.add_module(self.feature_map, feature_map(
             self.feature_map, self.head_dim, nu=config.dpfp_nu, m=config.favor_features,

@@ -6,7 +6,7 @@
 #
 # Beam 4, length penalty 0.6, BPE removed; hypotheses are put back in corpus order,
 # detokenised with sacremoses and scored with sacrebleu against the original reference;
-# the compound-split tokenised BLEU of the literature is computed too (scripts/wmt14/wmt_score.py).
+# the compound-split tokenised BLEU of the literature is computed too (fw_research.wmt14.wmt_score).
 # Writes OUT_DIR/<ckpt>.<subset>.{gen.txt,hyp.txt,json}; OUT_DIR defaults to
 # $RESULTS_DIR/<config>, the config name defaulting to the checkpoint's directory name
 # (what scripts/wmt14/train.sh uses). Environment: DATA_BIN, RESULTS_DIR (see common.sh).
@@ -36,7 +36,7 @@ done
 [[ $subset == test || $subset == valid ]] || die "--subset must be test or valid, not $subset"
 [[ -f $checkpoint ]] || die "no checkpoint $checkpoint"
 [[ -f $DATA_BIN/wmt_prep.json ]] ||
-  die "no prepared data in $DATA_BIN: run scripts/wmt14/prepare_wmt14_en_de.py (or pass --data DIR)"
+  die "no prepared data in $DATA_BIN: run python -m fw_research.wmt14.prepare_wmt14_en_de (or pass --data DIR)"
 out_dir=${out_dir:-$RESULTS_DIR/$name}
 mkdir -p "$out_dir"
 stem=$out_dir/$(basename "$checkpoint" .pt).$subset
@@ -54,7 +54,7 @@ fairseq-generate "$DATA_BIN" --user-dir "$REPO/fw_fairseq" --path "$checkpoint" 
   --gen-subset "$subset" "${GENERATE_ARGS[@]}" --remove-bpe "$remove_bpe" \
   "${device_args[@]}" "${extra[@]}" >"$stem.gen.txt"
 
-python "$REPO/scripts/wmt14/wmt_score.py" --gen "$stem.gen.txt" \
+python -m fw_research.wmt14.wmt_score --gen "$stem.gen.txt" \
   --ref "$DATA_BIN/ref.$subset.de" --tok-ref "$DATA_BIN/tok.$subset.de" \
   --hyp-out "$stem.hyp.txt" --out "$stem.json" \
   --config "$name" --subset "$subset" --checkpoint "$checkpoint"

@@ -29,7 +29,7 @@ source "$config"
 [[ -x $REPO/.venv/bin/fairseq-train ]] && PATH=$REPO/.venv/bin:$PATH
 command -v fairseq-train >/dev/null || die "fairseq-train not found: run make setup"
 [[ -f $DATA_BIN/wmt_prep.json ]] ||
-  die "no prepared data in $DATA_BIN: run scripts/wmt14/prepare_wmt14_en_de.py (or set DATA_BIN)"
+  die "no prepared data in $DATA_BIN: run python -m fw_research.wmt14.prepare_wmt14_en_de (or set DATA_BIN)"
 
 # --eval-bleu must undo the subword split the data was made with (BPE or sentencepiece).
 remove_bpe=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["remove_bpe"])' \

@@ -1,7 +1,7 @@
 """The demo's and compare_attention's corpus: real English/German pairs from the machine's gettext catalogs."""
 import pytest
 
-from fw_fairseq.experiments import catalog_corpus as demo, long_messages
+from fw_research.experiments import catalog_corpus as demo, long_messages
 
 needs_catalogs = pytest.mark.skipif(not any(demo.LOCALE_DIR.glob("*.mo")),
                                     reason="no German gettext catalogs on this machine")

@@ -3,10 +3,10 @@ with the criterion they are trained with, and its sum-rule row the attention tha
 and read give (the demo preset's architecture)."""
 import pytest
 
-import demo
 from factories import parse_args
-from fw_fairseq.experiments.attention_configs import PRESETS, config_flags
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
+from fw_research.demo import demo
+from fw_research.experiments.attention_configs import PRESETS, config_flags
 
 # what a user types for each row on top of the defaults
 DEFAULT_SPELLING = {"dpfp2-sum-vconv3": ["--fw-update-rule", "sum", "--fw-cross-align", "0"],

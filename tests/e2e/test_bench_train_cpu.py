@@ -1,10 +1,11 @@
-"""benchmarks/bench_train_cpu.py on a small corpus: real updates of every row on the same batches, the
+"""fw_research.benchmarks.bench_train_cpu on a small corpus: real updates of every row on the same batches, the
 table and JSON with softmax as the reference, and a row list without softmax refused in one line."""
 import json
 import shutil
 
-import bench_train_cpu
 import pytest
+
+from fw_research.benchmarks import bench_train_cpu
 
 
 def _work(data_bin, tmp_path):

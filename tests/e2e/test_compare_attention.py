@@ -1,15 +1,14 @@
-"""scripts/demo/compare_attention.py's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
+"""fw_research.demo.compare_attention's runs through the real fairseq CLIs and sacreBLEU: a fixed number of
 updates with a validation curve and a progress bar, scoring, and re-runs that reuse finished runs."""
 import json
 import re
 import shutil
 from pathlib import Path
 
-import compare_attention
-import compare_report
 import pytest
 
-from fw_fairseq.experiments import attention_runs
+from fw_research.demo import compare_attention, compare_report
+from fw_research.experiments import attention_runs
 
 REPO = Path(__file__).resolve().parents[2]
 

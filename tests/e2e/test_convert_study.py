@@ -1,11 +1,11 @@
-"""scripts/convert/convert_study.py end to end on a small corpus, through the real fairseq CLIs: the teacher, a
+"""fw_research.convert.convert_study end to end on a small corpus, through the real fairseq CLIs: the teacher, a
 configuration trained from scratch, converted and fine-tuned, and converted, distilled and fine-tuned, each for the
 same total of updates, and the teacher trained that total more (the control); scored, tabled, plotted, and nothing
 trained again on a re-run."""
 import json
 import shutil
 
-import convert_study
+from fw_research.convert import convert_study
 
 
 def _corpus(data_bin, work_dir):

@@ -1,4 +1,4 @@
-"""End to end through the real CLIs on a small slice of the licence-text corpus (scripts/demo/lm_demo.py):
+"""End to end through the real CLIs on a small slice of the licence-text corpus (fw_research.demo.lm_demo):
 fairseq-preprocess --only-source, fairseq-train --task language_modeling --user-dir (fast-weight
 LM and Feedback Transformer) and --task fw_lm_stream --fw-carry-state, fairseq-eval-lm,
 fairseq-generate and fairseq-interactive sampling. Training must reduce the loss."""
@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lm_demo
 import pytest
+
+from fw_research.demo import lm_demo
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

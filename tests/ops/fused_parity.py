@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from fw_fairseq.experiments.fused_read_cases import rel_err
+from fw_research.experiments.fused_read_cases import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float64 if DEVICE == "cpu" else torch.float32

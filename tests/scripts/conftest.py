@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WMT14 = REPO / "scripts" / "wmt14"  # the WMT14 and Table 1 scripts these tests run
+WMT14 = REPO / "scripts" / "wmt14"  # train.sh, evaluate.sh and table1.sh, which these tests run
+PREPARE = [sys.executable, "-m", "fw_research.wmt14.prepare_wmt14_en_de"]
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 BIN = Path(sys.executable).parent
 
@@ -87,7 +88,7 @@ def run(cmd, **kw):
 
 def prepare(work, archives, *extra, **kw):
     """Run the preparation fetching from a file:// mirror of `archives`."""
-    return run([sys.executable, WMT14 / "prepare_wmt14_en_de.py", "--work-dir", work,
+    return run([*PREPARE, "--work-dir", work,
                 "--mirror", archives.as_uri(), "--bpe-merges", "300", "--workers", "2", *extra], **kw)
 
 

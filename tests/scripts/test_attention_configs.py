@@ -3,7 +3,7 @@ parser, and a per-layer rule is spelled for the preset's count of decoder layers
 import pytest
 
 from factories import parse_args
-from fw_fairseq.experiments.attention_configs import CONFIGS, PLAIN_READ, PRESETS, config_flags, model_flags
+from fw_research.experiments.attention_configs import CONFIGS, PLAIN_READ, PRESETS, config_flags, model_flags
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -1,19 +1,18 @@
 """The GPU benchmarks' machinery on a CPU, where CI runs: bench_fused_read_gpu.py end to end on a tiny case under
 Triton's interpreter, the fused read's kernels compiled for the GPU's architecture without one
-(tools/gpu_node/gpu_triton_cache.py), and bench_fairseq_gpu.py's steady state, run order, configurations and profile."""
+(fw_research.gpu_node.gpu_triton_cache), and bench_fairseq_gpu.py's steady state, run order, configurations and
+profile."""
 import json
 import os
 import subprocess
 import sys
 
-import bench_fairseq_gpu
-import bench_fused_read_gpu
-import fairseq_run
 import pytest
 import torch
 from conftest import REPO
 
-from fw_fairseq.experiments.attention_configs import config_flags
+from fw_research.benchmarks import bench_fairseq_gpu, bench_fused_read_gpu, fairseq_run
+from fw_research.experiments.attention_configs import config_flags
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO), TRITON_INTERPRET="1")
 
@@ -22,7 +21,7 @@ def test_the_op_benchmark_runs_a_tiny_case_on_a_cpu(tmp_path):
     """Every method on the tiny case: the old path is the float64 reference itself; the fused read (under the
     interpreter) matches it to float64 rounding; fla is absent here or has no such read, recorded, not raised."""
     out = tmp_path / "bench_fused_read.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fused_read_gpu.py"), "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "fw_research.benchmarks.bench_fused_read_gpu", "--device", "cpu",
                            "--cases", "tiny", "--reps", "1", "--out", str(out)], env=ENV, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -50,11 +49,11 @@ def test_the_ratios_and_layouts():
 
 
 def test_the_fused_kernels_compile_for_the_gpu_without_one(tmp_path):
-    """tools/gpu_node/gpu_triton_cache.py here: the kernels of the tiny case's delta read (forward and backward) compiled
-    for capability 9.0 through Triton's JIT with the offline driver; run again on the cache moved elsewhere, every
-    kernel is a cache hit. (The delta read alone: each kernel takes seconds to compile on two cores.)"""
+    """fw_research.gpu_node.gpu_triton_cache here: the kernels of the tiny case's delta read (forward and backward)
+    compiled for capability 9.0 through Triton's JIT with the offline driver; run again on the cache moved elsewhere,
+    every kernel is a cache hit. (The delta read alone: each kernel takes seconds to compile on two cores.)"""
     first, moved = tmp_path / "cache", tmp_path / "moved"
-    script = [sys.executable, str(REPO / "tools" / "gpu_node" / "gpu_triton_cache.py"), "--cases", "tiny", "--rules",
+    script = [sys.executable, "-m", "fw_research.gpu_node.gpu_triton_cache", "--cases", "tiny", "--rules",
               "delta", "--no-training", "--cache"]
     env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([*script, str(first)], env=env, capture_output=True, text=True)

@@ -7,7 +7,7 @@ from conftest import REPO
 
 
 def test_bench_ops_cpu_writes_rows_for_each_thread_count_and_target_verdicts(tmp_path):
-    cmd = [sys.executable, "benchmarks/bench_ops_cpu.py", "--lengths", "8", "512", "--naive-max-t", "8",
+    cmd = [sys.executable, "-m", "fw_research.benchmarks.bench_ops_cpu", "--lengths", "8", "512", "--naive-max-t", "8",
            "--repeats", "1", "--threads", "1", "2", "--heads", "1", "--batch", "1", "--out-dir", str(tmp_path)]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
     result = json.loads((tmp_path / "ops_cpu.json").read_text())

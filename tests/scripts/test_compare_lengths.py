@@ -1,14 +1,13 @@
-"""scripts/demo/compare_attention.py's length measures (fw_fairseq/experiments/translation_lengths.py, and
-attention_runs.measure_lengths) and their section of the report (scripts/demo/compare_report.py), on hand-made
+"""fw_research.demo.compare_attention's length measures (fw_research.experiments.translation_lengths, and
+attention_runs.measure_lengths) and their section of the report (fw_research.demo.compare_report), on hand-made
 translations: seconds, no model."""
 import json
 
-import compare_attention
-import compare_report
 import pytest
 import sacrebleu
 
-from fw_fairseq.experiments import attention_runs, translation_lengths
+from fw_research.demo import compare_attention, compare_report
+from fw_research.experiments import attention_runs, translation_lengths
 
 
 @pytest.mark.parametrize("text, loops", [

@@ -1,5 +1,5 @@
-"""scripts/convert/convert_recipe.py: one command converts a fairseq-trained softmax checkpoint, distils its attention into
-trainable Hedgehog maps under the delta rule, fine-tunes, and scores teacher and student with sacreBLEU; run again,
+"""fw_research.convert.convert_recipe: one command converts a fairseq-trained softmax checkpoint, distils its attention
+into trainable Hedgehog maps under the delta rule, fine-tunes, and scores teacher and student with sacreBLEU; run again,
 it skips every finished step."""
 import json
 import subprocess
@@ -8,7 +8,7 @@ import sys
 from conftest import REPO
 from test_convert_softmax import teacher  # noqa: F401  (the module's fairseq-trained softmax checkpoint)
 
-RECIPE = [sys.executable, str(REPO / "scripts" / "convert" / "convert_recipe.py")]
+RECIPE = [sys.executable, "-m", "fw_research.convert.convert_recipe"]
 
 
 def test_the_recipe_runs_once_and_skips_what_is_done(teacher):  # noqa: F811

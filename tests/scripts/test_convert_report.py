@@ -1,6 +1,6 @@
-"""The conversion study's table over several seeds (scripts/convert/convert_report.py): means over the seeds, and
+"""The conversion study's table over several seeds (fw_research.convert.convert_report): means over the seeds, and
 each ratio taken against the same seed's teacher before it is averaged."""
-import convert_report
+from fw_research.convert import convert_report
 
 
 def _run(seed, bleu, tokens, config="dpfp2-sum-vconv3", start="converted"):

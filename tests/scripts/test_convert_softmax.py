@@ -1,6 +1,6 @@
-"""scripts/convert/convert_softmax.py: a transformer_vaswani_wmt_en_de_big-shaped softmax checkpoint trained by fairseq's own
-code (fairseq-train, shrunk dims, a tiny corpus) converts to transformer_fw_big; every teacher tensor is copied, the
-new parameters start as the teacher (convolution 0, gate open); the result trains a few updates through
+"""fw_research.convert.convert_softmax: a transformer_vaswani_wmt_en_de_big-shaped softmax checkpoint trained by
+fairseq's own code (fairseq-train, shrunk dims, a tiny corpus) converts to transformer_fw_big; every teacher tensor is
+copied, the new parameters start as the teacher (convolution 0, gate open); the result trains a few updates through
 fairseq-train --restore-file, distils through --criterion fw_attention_distillation and generates through
 fairseq-generate; its record names the teacher and survives training; a resume with other --fw-* flags is still
 refused; what cannot be mapped is refused in one line."""
@@ -16,7 +16,7 @@ from conftest import BIN, REPO, run
 import fw_fairseq  # noqa: F401  (the safe globals for torch.load)
 from fw_fairseq.models.checkpoints import CONVERTED, decode
 
-CONVERT = [sys.executable, str(REPO / "scripts" / "convert" / "convert_softmax.py")]
+CONVERT = [sys.executable, "-m", "fw_research.convert.convert_softmax"]
 SHRUNK = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "48",
           "--decoder-ffn-embed-dim", "48", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
           "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings"]

@@ -1,11 +1,11 @@
-"""scripts/demo/cross_spread.py: the decoder's cross-attention weights recomputed in float64 from the layer's
+"""fw_research.demo.cross_spread: the decoder's cross-attention weights recomputed in float64 from the layer's
 projections reproduce the layer's own read, for fast-weight and softmax cross-attention, on small untrained
 models: seconds, no training."""
-import cross_spread
 import pytest
 import torch
 
 from factories import build_model, random_tokens
+from fw_research.demo import cross_spread
 
 CROSS = {
     "fast weights": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-cross-align", "0"],

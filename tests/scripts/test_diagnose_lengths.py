@@ -1,14 +1,15 @@
-"""scripts/demo/diagnose_lengths.py: BLEU split into brevity penalty and precisions, and the end-of-text measures,
+"""fw_research.demo.diagnose_lengths: BLEU split into brevity penalty and precisions, and the end-of-text measures,
 on hand-made translations and a decoder whose probabilities are known: seconds, no training."""
 import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
 
-import diagnose_lengths
 import pytest
 import sacrebleu
 import torch
+
+from fw_research.demo import diagnose_lengths
 
 
 def test_bleu_is_the_brevity_penalty_times_the_precisions():

@@ -1,10 +1,10 @@
-"""scripts/demo/diagnose_reads.py: the size of each decoder self-attention read by target position, measured where
+"""fw_research.demo.diagnose_reads: the size of each decoder self-attention read by target position, measured where
 the read leaves the rule (before --fw-output-gate), on small untrained models in float64: seconds, no training."""
-import diagnose_reads
 import pytest
 import torch
 
 from factories import build_model, random_tokens
+from fw_research.demo import diagnose_reads
 
 DELTA = ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm", "sum"]
 

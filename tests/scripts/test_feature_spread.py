@@ -1,11 +1,11 @@
-"""scripts/demo/feature_spread.py: the share of one feature in phi and the delta rule's step per write, on small
+"""fw_research.demo.feature_spread: the share of one feature in phi and the delta rule's step per write, on small
 untrained models: seconds, no training."""
-import feature_spread
 import pytest
 import torch
 
 from factories import build_model, random_tokens
 from fw_fairseq.ops.maps.factory import feature_map
+from fw_research.demo import feature_spread
 
 DEFAULTS = []  # the translation defaults: DPFP-2, the delta rule in the decoder (sum-normalised), the aligned read
 

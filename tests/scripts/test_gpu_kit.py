@@ -1,7 +1,8 @@
 """The GPU path's dry run, so the kit and the check cannot rot between GPU runs (no GPU needed):
-the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met, tools/gpu_node/gpu_check.sh
-parses its options and plans its steps, runs and records them within its budget, the kit's Triton cache
-unpacks where it fits the node's Triton, and the summary writer renders a recorded run."""
+the kit's lock resolves for CPython 3.12 manylinux x86_64 with every need met,
+research/fw_research/gpu_node/gpu_check.sh parses its options and plans its steps, runs and records them within its
+budget, the kit's Triton cache unpacks where it fits the node's Triton, and the summary writer renders a recorded
+run."""
 import json
 import shutil
 import subprocess
@@ -9,14 +10,14 @@ import sys
 import tarfile
 from pathlib import Path
 
-import gpu_check as check_script
-import gpu_kit
-import gpu_prebuilt
-import gpu_summary
 import pytest
 from conftest import add_member
 
+from fw_research.gpu_node import gpu_check as check_script
+from fw_research.gpu_node import gpu_kit, gpu_prebuilt, gpu_summary
+
 REPO = Path(__file__).resolve().parents[2]
+GPU_CHECK = REPO / "research" / "fw_research" / "gpu_node" / "gpu_check.sh"
 
 RECORDED = Path(__file__).parent / "fixtures" / "gpu_run"
 
@@ -45,7 +46,7 @@ def test_a_malformed_lock_is_refused_in_one_line(tmp_path, line, message):
 
 
 def gpu_check(*args):
-    return subprocess.run(["bash", str(REPO / "tools" / "gpu_node" / "gpu_check.sh"), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(GPU_CHECK), *args], capture_output=True, text=True,
                           env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
 
 
@@ -98,7 +99,8 @@ def test_the_fairseq_benchmark_takes_more_arguments_from_the_check():
                      "--configs softmax dpfp2_sum_unfused --updates 150")
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.splitlines()[-1]
-    assert "bench_fairseq_gpu.py" in command and command.endswith("--configs softmax dpfp2_sum_unfused --updates 150")
+    assert "-m fw_research.benchmarks.bench_fairseq_gpu" in command
+    assert command.endswith("--configs softmax dpfp2_sum_unfused --updates 150")
 
 
 def test_the_attention_comparison_runs_only_with_its_arguments(tmp_path):
@@ -108,7 +110,7 @@ def test_the_attention_comparison_runs_only_with_its_arguments(tmp_path):
                      "--preset base --updates 2000 --configs softmax dpfp2-sum-vconv3")
     assert proc.returncode == 0, proc.stderr
     command = proc.stdout.splitlines()[-1]
-    assert "scripts/demo/compare_attention.py" in command and f"--out-dir {tmp_path / 'compare'}" in command
+    assert "-m fw_research.demo.compare_attention" in command and f"--out-dir {tmp_path / 'compare'}" in command
     assert command.endswith("--preset base --updates 2000 --configs softmax dpfp2-sum-vconv3")
     entry = recorded_step(check_of_an_empty_kit(tmp_path), "compare")
     assert entry["status"] == "skipped" and entry["tail"] == "no --compare-args given"
@@ -186,12 +188,12 @@ def test_the_summary_renders_the_first_h100_run():
 
 
 def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
-    """benchmarks/bench_fairseq_gpu.py through the real fairseq CLIs on tiny settings: the same code the GPU check
-    runs, so a fairseq or plugin change that breaks it fails here first. Six updates in epochs of three (the
+    """fw_research.benchmarks.bench_fairseq_gpu through the real fairseq CLIs on tiny settings: the same code the GPU
+    check runs, so a fairseq or plugin change that breaks it fails here first. Six updates in epochs of three (the
     training set sized for it), the second update profiled; one round (each fairseq process costs seconds to start:
     the rounds' order is test_bench_fused_read.py's)."""
     out = tmp_path / "bench_fairseq.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fairseq_gpu.py"), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "fw_research.benchmarks.bench_fairseq_gpu", "--out", str(out),
                            "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
                            "table1_dpfp2", "--updates", "6", "--log-interval", "1", "--lengths", "4",
                            "--sentences", "2", "--max-tokens", "512", "--profile-update", "2", "--rounds", "1"],
@@ -239,7 +241,7 @@ def test_the_kits_triton_cache_is_unpacked_where_it_is_and_fits_the_nodes_triton
 
 
 def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):
-    import gpu_cuda_graph
+    from fw_research.benchmarks import gpu_cuda_graph
 
     monkeypatch.setattr(gpu_cuda_graph.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="gpu_cuda_graph: torch sees no CUDA device on this machine"):
@@ -250,12 +252,12 @@ def test_the_cuda_graph_check_stops_in_one_line_without_cuda(monkeypatch):
 def test_the_cuda_graph_cases_run_on_a_cpu(case):
     """The GPU step's cases, with the step re-run where the graph would replay: the layer, its decoding
     state and the copies the replays are compared against work on this machine."""
-    import gpu_cuda_graph
+    from fw_research.benchmarks import gpu_cuda_graph
 
     gpu_cuda_graph.check(*case, "cpu", gpu_cuda_graph.rerun)
 
 
 def test_the_cuda_graph_steps_compile_check_runs_on_a_cpu():
-    import gpu_cuda_graph
+    from fw_research.benchmarks import gpu_cuda_graph
 
     gpu_cuda_graph.compiled_training("gated_delta", "cpu")

@@ -1,4 +1,4 @@
-"""The node's side of the kit's prebuilt builds (tools/gpu_node/gpu_prebuilt.py), without a GPU: an archive made from
+"""The node's side of the kit's prebuilt builds (fw_research.gpu_node.gpu_prebuilt), without a GPU: an archive made from
 the same files for the node's torch, Python and GPU is unpacked and imported; any other is refused with its
 reason and the step builds. Stand-ins for the compiled modules are Python modules of the same names, imported
 the same way; the builds themselves are made by `make gpu-kit` and checked on the node (pytest tests/cuda)."""
@@ -7,10 +7,10 @@ import sys
 import tarfile
 from types import SimpleNamespace
 
-import gpu_check
-import gpu_prebuilt
 import pytest
 from conftest import add_member
+
+from fw_research.gpu_node import gpu_check, gpu_prebuilt
 
 NODE = {"torch": "2.11.0+cu130", "capability": "9.0"}
 PYTHON = ".".join(map(str, sys.version_info[:2]))

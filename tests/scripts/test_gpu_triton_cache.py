@@ -1,16 +1,17 @@
 """The GPU kit's Triton cache leaves a training run nothing to compile: every fused-read kernel launch of a
-transformer_fw training step, in the GPU benchmark's configurations (benchmarks/bench_fairseq_gpu.py, 16 heads of 64,
-fp16), at batch lengths of every block length and with padding on either side, is one of the launches that
-tools/gpu_node/gpu_triton_cache.py compiles (training_launches), as Triton's JIT specialises them. No kernel compiles
+transformer_fw training step, in the GPU benchmark's configurations (fw_research.benchmarks.bench_fairseq_gpu, 16 heads
+of 64, fp16), at batch lengths of every block length and with padding on either side, is one of the launches that
+fw_research.gpu_node.gpu_triton_cache compiles (training_launches), as Triton's JIT specialises them. No kernel compiles
 here: fixtures/triton_launch_keys.py records each launch's key."""
 import json
 import os
 import subprocess
 import sys
 
-import bench_fairseq_gpu
 import pytest
 from conftest import REPO
+
+from fw_research.benchmarks import bench_fairseq_gpu
 
 pytest.importorskip("triton")
 
@@ -25,7 +26,7 @@ BATCHES = [("15,10", "16,12"), ("23,23", "23,20"), ("40,40", "51,51"), ("64,50",
 
 def launch_keys(*args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # Triton's JIT, not its interpreter
-    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("", "tests", "tools/gpu_node"))
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / p) for p in ("", "tests"))  # factories.py
     proc = subprocess.run([sys.executable, str(KEYS), *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {tuple(key) for key in json.loads(proc.stdout.splitlines()[-1])}

@@ -1,9 +1,10 @@
-"""scripts/demo/loop_onsets.py: where loops start and how often they run away, on hand-made run records of a
+"""fw_research.demo.loop_onsets: where loops start and how often they run away, on hand-made run records of a
 compare_attention work directory: seconds, no model."""
 import json
 
-import loop_onsets
 import pytest
+
+from fw_research.demo import loop_onsets
 
 
 def test_each_word_before_a_loop_is_at_risk_and_the_loop_starts_at_its_first_repeat():

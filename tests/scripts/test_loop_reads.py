@@ -1,11 +1,11 @@
-"""scripts/demo/loop_reads.py: the decoder self-attention read recomputed in float64 from the layer's projections
+"""fw_research.demo.loop_reads: the decoder self-attention read recomputed in float64 from the layer's projections
 equals the layer's own read, for each rule the loop diagnosis meets (sum, delta, delta_z), on small untrained
 models: seconds, no training."""
-import loop_reads
 import pytest
 import torch
 
 from factories import build_model, random_tokens
+from fw_research.demo import loop_reads
 
 RULES = {
     "sum": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum"],

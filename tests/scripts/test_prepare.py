@@ -1,4 +1,4 @@
-"""scripts/wmt14/prepare_wmt14_en_de.py on the fixture corpus, through the real tools."""
+"""fw_research.wmt14.prepare_wmt14_en_de on the fixture corpus, through the real tools."""
 import hashlib
 import http.server
 import json
@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-import wmt_download
-import wmt_text
-from conftest import CORPUS, WMT14, prepare, run
+from conftest import CORPUS, PREPARE, prepare, run
+
+from fw_research.wmt14 import wmt_download, wmt_text
 
 STEPS = ("extract", "tokenise", "bpe300.learn", "bpe300.apply", "bpe300.clean", "bpe300.preprocess")
 NC = "training-parallel-nc-v9.tgz"  # a training archive: no published digest
@@ -73,7 +73,7 @@ def test_sentencepiece_variant(prepared_spm):
 
 
 def _fail(*cmd):
-    proc = subprocess.run([sys.executable, WMT14 / "prepare_wmt14_en_de.py", *map(str, cmd)],
+    proc = subprocess.run([*PREPARE, *map(str, cmd)],
                           capture_output=True, text=True)
     assert proc.returncode != 0
     return proc.stderr
@@ -122,7 +122,7 @@ def test_unreadable_archive_is_not_recorded_and_checksums_win(tmp_path, archives
     (raw / NC).write_bytes(good)
     sums = tmp_path / "sums"
     sums.write_text(checksums.read_text() + _sha256_line(raw / NC))
-    proc = run([sys.executable, WMT14 / "prepare_wmt14_en_de.py", "--work-dir", work, "--raw-dir", raw,
+    proc = run([*PREPARE, "--work-dir", work, "--raw-dir", raw,
                 "--checksums", sums, "--bpe-merges", "300", "--workers", "2"])
     assert f"{NC}: checksum ok" in proc.stderr
     assert (work / "data-bin" / "bpe300" / "train.en-de.en.bin").stat().st_size > 0

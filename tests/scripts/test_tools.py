@@ -8,13 +8,11 @@ import sys
 import pytest
 import torch
 
-import average_checkpoints
+from conftest import CORPUS, REPO
+
 from fw_fairseq.models.checkpoints import RECORD, encode
 from fw_fairseq.modules.fast_weight_config import FastWeightConfig
-import table1
-import wmt_score
-import wmt_text
-from conftest import CORPUS, REPO, WMT14
+from fw_research.wmt14 import average_checkpoints, table1, wmt_score, wmt_text
 
 RESULTS = REPO / "tests" / "scripts" / "fixtures" / "results"  # made-up scores
 
@@ -34,7 +32,7 @@ def test_average_checkpoints_last_n_epochs(tmp_path):
         _checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch)
     _checkpoint(tmp_path / "checkpoint_best.pt", 100)  # not an epoch checkpoint: ignored
     out = tmp_path / "avg.pt"
-    subprocess.run([sys.executable, WMT14 / "average_checkpoints.py", "--inputs", tmp_path,
+    subprocess.run([sys.executable, "-m", "fw_research.wmt14.average_checkpoints", "--inputs", tmp_path,
                     "-n", "3", "--checkpoint-upper-bound", "4", "--output", out], check=True)
     state = torch.load(out, weights_only=False)
     model = state["model"]
@@ -72,7 +70,7 @@ def _trained_like(path, feature_map, record=True):
 def test_average_checkpoints_refuses_other_attention_settings(tmp_path, record):
     _trained_like(tmp_path / "dpfp.pt", "dpfp", record)
     _trained_like(tmp_path / "elu.pt", "elu", record)
-    result = subprocess.run([sys.executable, WMT14 / "average_checkpoints.py", "--inputs",
+    result = subprocess.run([sys.executable, "-m", "fw_research.wmt14.average_checkpoints", "--inputs",
                              tmp_path / "dpfp.pt", tmp_path / "elu.pt", "--output",
                              tmp_path / "avg.pt"], capture_output=True, text=True)
     assert result.returncode != 0 and not (tmp_path / "avg.pt").exists()
@@ -132,7 +130,7 @@ def test_table1_from_result_files():
 
 def test_table1_cli_tokenised_bleu_and_other_checkpoints(tmp_path):
     out = tmp_path / "t.md"
-    subprocess.run([sys.executable, WMT14 / "table1.py", "--results", RESULTS, "--metric", "tok_bleu",
+    subprocess.run([sys.executable, "-m", "fw_research.wmt14.table1", "--results", RESULTS, "--metric", "tok_bleu",
                     "--checkpoint", "avg_last5.pt", "--output", out], check=True)
     text = out.read_text()
     assert "| Standard | – (26.6) |  |  | 29.0 (27.7) |" in text and "tokenised BLEU" in text

@@ -9,9 +9,9 @@ import pytest
 import sacrebleu
 import torch
 
-import table1
-import wmt_score
 from conftest import REPO, WMT14, run
+
+from fw_research.wmt14 import table1, wmt_score
 
 # A tiny fast-weight model (d_key = 32) and a short run; appended after the recipe, so they win.
 TINY = ["--arch", "transformer_fw_small", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -56,7 +56,8 @@ def test_train_resumes_from_checkpoint_last(performer_run):
 def test_average_then_evaluate(performer_run):
     work, e, _, _ = performer_run
     save = work / "ckpt" / "performer_m32"
-    run([sys.executable, WMT14 / "average_checkpoints.py", "--inputs", save, "-n", "2", "--output", save / "avg.pt"])
+    run([sys.executable, "-m", "fw_research.wmt14.average_checkpoints", "--inputs", save, "-n", "2",
+         "--output", save / "avg.pt"])
     avg, c2, c3 = (torch.load(save / n, map_location="cpu", weights_only=False)["model"]
                    for n in ("avg.pt", "checkpoint2.pt", "checkpoint3.pt"))
     projections = [k for k in avg if k.endswith("favor.projection")]

@@ -1,7 +1,7 @@
 """The associative retrieval generator (paper §6.1): shapes, sampling, targets, evaluation coverage."""
 import torch
 
-from fw_fairseq.synthetic import evaluation_batch, latest_values, retrieval_loss, sample_sequences, training_batch
+from fw_research.synthetic import evaluation_batch, latest_values, retrieval_loss, sample_sequences, training_batch
 
 
 def _gen(seed=0):

@@ -4,7 +4,7 @@ import torch
 
 from fw_fairseq.ops import dpfp, fast_weight_write, sum_normalize
 from fw_fairseq.ops.rules.delta.naive import naive_gated_delta
-from fw_fairseq.synthetic import RetrievalMemory, TrainConfig, schlag_write, train, training_batch
+from fw_research.synthetic import RetrievalMemory, TrainConfig, schlag_write, train, training_batch
 
 
 @pytest.fixture(autouse=True)

@@ -1,20 +1,15 @@
-"""scripts/synthetic/synthetic_retrieval.py end to end on a tiny grid: results files, figures, resume."""
-import importlib.util
+"""fw_research.synthetic.synthetic_retrieval end to end on a tiny grid: results files, figures, resume."""
 import json
-import os
 
 import pytest
 import torch
 
-_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "synthetic", "synthetic_retrieval.py")
+from fw_research.synthetic import synthetic_retrieval
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("synthetic_retrieval", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return synthetic_retrieval
 
 
 def test_tiny_run_writes_results_and_figures_and_resumes(script, tmp_path):

@@ -1,0 +1,2 @@
+"""The demo, the attention comparison and the tools that diagnose its translations:
+`python -m fw_research.demo.<module>`."""
