@@ -1,11 +1,17 @@
 """fw_fairseq: fast weight programmers as a fairseq plugin.
 
 `fairseq-train --user-dir fw_fairseq --arch transformer_fw_big ...` imports this package, which
-registers the `transformer_fw` model and its architectures with fairseq.
+registers the `transformer_fw` model and its architectures with fairseq. The package itself imports
+no fairseq: where fairseq is loaded already (its CLIs, a checkpoint being read) the models, tasks,
+baselines and criterions are registered at once, and otherwise when fairseq is first imported, so
+that the ops (fw_fairseq.ops) load without fairseq and a later `import fairseq` still finds the models.
 """
 import argparse
+import sys
 
 import torch
+
+from fw_fairseq._registration import RegisterWithFairseq, register
 
 
 def _allow_fairseq_checkpoints():
@@ -33,12 +39,7 @@ def _numpy_globals():
 
 _allow_fairseq_checkpoints()
 
-try:
-    import fairseq  # noqa: F401
-except ImportError:  # the ops (fw_fairseq.ops) are usable without fairseq
-    pass
+if "fairseq" in sys.modules:
+    register()
 else:
-    from fw_fairseq import models  # noqa: F401  (registers transformer_fw*)
-    from fw_fairseq import tasks  # noqa: F401  (registers fw_lm_stream)
-    from fw_fairseq import baselines  # noqa: F401  (registers feedback_transformer_lm*)
-    from fw_fairseq import criterions  # noqa: F401  (registers fw_attention_distillation, fw_unlikelihood)
+    sys.meta_path.insert(0, RegisterWithFairseq())
