@@ -1,6 +1,6 @@
 """scripts/wmt14/table1.sh, rehearsed on the CPU: one row of each kind (softmax, FAVOR+ with the sum rule, DPFP with the
 delta rule, and that with softmax or with the aligned cross-attention), each with its own command line (the shared
-recipe and the config's flags) and tiny dims appended, on the fixture corpus prepared by prepare_wmt14_en_de.py, for
+recipe and the config's flags) and tiny dims appended, on the fixture corpus prepared by prepare_wmt14_en_de, for
 one epoch each;
 then each row's best checkpoint scored on valid and test and the table rendered, through the real fairseq-train,
 fairseq-generate and sacrebleu. Re-running the same command trains and scores nothing again. The other rows differ
@@ -48,7 +48,7 @@ def test_dry_run_prints_every_command_and_the_cost():
     for name in CONFIGS:
         assert f"train.sh {name}" in out and f"| {name} |" in out
         assert out.count(f"--name {name} ") == 2  # valid and test
-    assert "prepare_wmt14_en_de.py --dest-dir" in out
+    assert "-m fw_research.wmt14.prepare_wmt14_en_de --dest-dir" in out
     assert "GPU-hours" in out and "assumed: 4.5 M pairs" in out and "NVIDIA H200" in out
 
 
