@@ -194,7 +194,7 @@ def convert(argv):
     task = dictionaries(weights, teacher, flags.data, flags.source)
     student = ARCH_MODEL_REGISTRY[arch].build_model(args, task)
     copy_weights(student, weights, flags.source)
-    student.record_fast_weight_settings(FastWeightConfig.from_args(args),
+    student.record_fast_weight_settings(FastWeightConfig.from_args(args).settings(),
                                         converted_from=f"{teacher.arch} ({flags.source})")
     os.makedirs(os.path.dirname(os.path.abspath(flags.target)), exist_ok=True)
     torch.save(converted_state(state, args, student), flags.target)
