@@ -1,4 +1,4 @@
-"""The corpus builders and run helpers that the demo, the comparison, the benchmarks, the GPU node's tools and the
+"""The corpus builders and model runs that the demo, the comparison, the benchmarks, the GPU node's tools and the
 tests share: the catalog corpus, one model's train-generate-score run and how its translations go wrong in length,
 the attention comparison's rows and presets, the fused read benchmark's cases.
 
