@@ -50,5 +50,5 @@ CRITERION_ARGS=(--criterion label_smoothed_cross_entropy)
 # Decoding for every reported score (Vaswani et al. 2017; Ott et al. 2018).
 # --required-batch-size-multiple 1: with fairseq's default of 8, batch_by_size silently drops
 # a last batch whose size is not a multiple of 8, i.e. untranslated test sentences
-# (facebookresearch/fairseq#5036); scripts/wmt14/wmt_score.py refuses incomplete output.
+# (facebookresearch/fairseq#5036); fw_research.wmt14.wmt_score refuses incomplete output.
 GENERATE_ARGS=(--beam 4 --lenpen 0.6 --max-tokens 8000 --required-batch-size-multiple 1)

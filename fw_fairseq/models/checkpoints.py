@@ -4,9 +4,9 @@
   computes (a uint8 buffer of JSON). A checkpoint trained with DPFP-1 loads without complaint
   into an ELU model (the parameters have the same shapes), and softmax and fast-weight blocks
   share parameter names; so loading compares the records and refuses a difference.
-- A model converted from a softmax checkpoint (scripts/convert/convert_softmax.py) carries one more entry in the
-  record, CONVERTED ("transformer_vaswani_wmt_en_de_big (teacher.pt)"): not a flag, so never compared; loading
-  keeps it in the model's record, so that every checkpoint trained from the conversion says where it came from.
+- A model converted from a softmax checkpoint (`python -m fw_research.convert.convert_softmax`) carries one more
+  entry in the record, CONVERTED ("transformer_vaswani_wmt_en_de_big (teacher.pt)"): not a flag, so never compared;
+  loading keeps it in the model's record, so that every checkpoint trained from the conversion says where it came from.
 - fairseq-fixed reads checkpoints with torch.load and shows torch's message on failure, which
   for a damaged file says to re-run with weights_only=False; the loader is wrapped so that a
   damaged file is named as such in one line.

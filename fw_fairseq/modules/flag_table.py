@@ -198,5 +198,5 @@ PRESETS = {
 # A preset's values under FAVOR+. Translation: FAVOR+'s trained keys put nearly all of phi on one random feature, so
 # the delta rule's sum-normalised write nearly overwrites its key's slot, and with the other maps' values its long
 # translations run past twice their reference more often than softmax's; a smaller beta and the decoder's
-# convolution bring them to softmax's count (docs/long_outputs_maps.md)
+# convolution bring them to softmax's count (docs/long_outputs.md)
 FAVOR = {"translation": {"--fw-delta-beta-max": 0.25, "--fw-decoder-conv": 3}}
