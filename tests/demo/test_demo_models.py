@@ -9,7 +9,8 @@ from fw_research.demo import demo
 from fw_research.experiments.attention_configs import PRESETS, config_flags
 
 # what a user types for each row on top of the defaults
-DEFAULT_SPELLING = {"dpfp2-sum-vconv3": ["--fw-update-rule", "sum", "--fw-cross-align", "0"],
+DEFAULT_SPELLING = {"dpfp2-sum-vconv3": ["--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
+                                         "--fw-cross-align", "0"],
                     "dpfp2-delta-dec-align4-ul2-vconv3": []}
 
 

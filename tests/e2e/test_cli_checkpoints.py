@@ -37,7 +37,7 @@ def test_resume_refuses_other_attention_settings(data_bin, dpfp_checkpoint, tmp_
 def test_generate_refuses_model_overrides_of_the_attention(data_bin, dpfp_checkpoint):
     line = run_refused("fairseq-generate", data_bin / "bin", "--user-dir", USER_DIR,
                        "--path", dpfp_checkpoint, "--gen-subset", "test", "--batch-size", "4",
-                       "--model-overrides", "{'fw_update_rule': 'sum'}")
+                       "--model-overrides", "{'fw_update_rule': 'sum', 'fw_decoder_rule': 'sum'}")
     assert line.startswith("fairseq-generate: error: ") and \
         f"{dpfp_checkpoint} was trained with --fw-update-rule delta, not sum " in line, line
 

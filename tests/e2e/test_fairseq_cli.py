@@ -15,8 +15,8 @@ from fw_fairseq.ops import FEATURE_MAPS, RULES
 
 @pytest.mark.parametrize("feature_map,rule", itertools.product(FEATURE_MAPS, RULES))
 def test_train_every_feature_map_and_rule(data_bin, tmp_path, feature_map, rule):
-    log = train(data_bin, tmp_path, ["--fw-feature-map", feature_map, "--fw-update-rule", rule],
-                "--max-epoch", 1)
+    log = train(data_bin, tmp_path, ["--fw-feature-map", feature_map, "--fw-update-rule", rule,
+                                     "--fw-decoder-rule", rule], "--max-epoch", 1)
     assert (tmp_path / "checkpoint_last.pt").exists()
     assert_loss_falls(log)
 
@@ -64,8 +64,8 @@ def train_resume_and_generate(data_bin, save_dir, fw, epochs):
 
 
 def test_gated_delta_with_beta_max_2_trains_resumes_and_generates(data_bin, tmp_path):
-    train_resume_and_generate(data_bin, tmp_path, ["--fw-feature-map", "dpfp", "--fw-update-rule",
-                                                   "gated_delta", "--fw-delta-beta-max", "2"], 1)
+    train_resume_and_generate(data_bin, tmp_path, ["--fw-feature-map", "dpfp", "--fw-update-rule", "gated_delta",
+                                                   "--fw-decoder-rule", "gated_delta", "--fw-delta-beta-max", "2"], 1)
 
 
 def test_resume_generate_interactive_and_bleu(data_bin, tmp_path):

@@ -7,7 +7,7 @@ import re
 from cli_run import USER_DIR, run, run_refused, train
 from test_fairseq_cli import assert_loss_falls, update_losses
 
-FW = ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum"]
+FW = ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
 UNLIKELIHOOD = ["--criterion", "fw_unlikelihood"]  # after cli_run.TRAIN's criterion: argparse's last one wins
 
 

@@ -86,8 +86,7 @@ def test_the_configurations_are_the_shipped_ones_and_table_1s():
     assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == config_flags("demo", "dpfp2-delta-dec-vconv3")
     aligned = config_flags("demo", "dpfp2-delta-dec-align4-vconv3")
     assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4"] == aligned
-    assert bench_fairseq_gpu.config_flags() == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule",
-                                                "sum", "--fw-cross-align", "0", "--fw-encoder-conv", "0"]
+    assert bench_fairseq_gpu.config_flags() == ["--fw-preset", "paper", "--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 
 
 def test_an_unfused_configuration_is_its_twin_with_the_fused_read_switched_off_in_the_runner():

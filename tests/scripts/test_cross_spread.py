@@ -7,10 +7,11 @@ import torch
 from factories import build_model, random_tokens
 from fw_research.demo import cross_spread
 
+SUM = ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
 CROSS = {
-    "fast weights": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-cross-align", "0"],
-    "aligned": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-cross-align", "4"],
-    "softmax": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder"],
+    "fast weights": [*SUM, "--fw-cross-align", "0"],
+    "aligned": [*SUM, "--fw-cross-align", "4"],
+    "softmax": [*SUM, "--fw-attention", "encoder,decoder"],
 }
 # fairseq takes its softmax in float32 even in a float64 model
 AGREE = {"fast weights": 1e-10, "aligned": 1e-10, "softmax": 1e-6}

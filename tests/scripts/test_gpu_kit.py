@@ -202,8 +202,7 @@ def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["not_run"] == [] and "epochs >= 2" in result["steady_state_rule"]
     fw = result["configs"]["table1_dpfp2"]
-    assert fw["flags"] == ("--fw-feature-map dpfp --fw-dpfp-nu 2 --fw-update-rule sum --fw-cross-align 0 "
-                           "--fw-encoder-conv 0")
+    assert fw["flags"] == "--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 2"
     (run,) = fw["runs"]
     assert run["round"] == 0 and run["epochs"] == 2 and run["first_epoch_updates"] == 3 and run["intervals_used"] == 2
     assert fw["train"]["updates"] == 6 and fw["train"]["wps_median"] == run["wps_steady"] > 0

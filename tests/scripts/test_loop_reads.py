@@ -8,7 +8,7 @@ from factories import build_model, random_tokens
 from fw_research.demo import loop_reads
 
 RULES = {
-    "sum": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum"],
+    "sum": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"],
     "delta": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
               "--fw-delta-norm", "sum"],
     "delta_z": ["--fw-feature-map", "dpfp", "--fw-update-rule", "sum", "--fw-decoder-rule", "delta_z",

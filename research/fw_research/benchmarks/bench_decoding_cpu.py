@@ -40,8 +40,10 @@ from fw_research.benchmarks.decoding_cost import bytes_per_token, copy_bandwidth
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[3]
-MODELS = {"elu sum": ["--fw-feature-map", "elu", "--fw-update-rule", "sum"],
-          "dpfp-1 sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-update-rule", "sum"],
+# the sum rule in every block, the decoder's self-attention named too: transformer_fw's default rule there is delta
+SUM = ["--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
+MODELS = {"elu sum": ["--fw-feature-map", "elu", *SUM],
+          "dpfp-1 sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", *SUM],
           "dpfp-2 delta": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "delta"],
           "softmax": ["--fw-attention", "none"]}
 SOURCE_LENGTH = 13  # make_data's 12 words and the end-of-sentence token

@@ -50,7 +50,8 @@ DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 # rule in the decoder, sum-normalised phi), both reading the source plainly, and the defaults' row below;
 # tests/scripts/test_bench_fused_read.py checks that they stay the same
 SHIPPED = {"softmax": ["--fw-attention", "none"],
-           "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
+           "dpfp2_sum": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "sum", "--fw-encoder-conv", "3",
+                         "--fw-cross-align", "0"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
                                "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
            # the translation models' defaults, compare_attention's dpfp2-delta-dec-align4-vconv3: the delta

@@ -23,6 +23,7 @@ import time
 import torch
 
 from fw_fairseq.decoding.key_cache import key_cache
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig
 from fw_fairseq.ops import RULES, feature_map
 
 FLOAT = 4  # bytes: every model runs in fp32 on the CPU
@@ -47,13 +48,11 @@ def shapes(checkpoint) -> dict:
     heads, dim = cfg.decoder_attention_heads, cfg.decoder_embed_dim
     d = dim // heads
     params = sum(x.numel() for name, x in state["model"].items() if name.startswith("decoder."))
-    fw = getattr(cfg, "fw_attention", "none")
-    places = set() if fw == "none" else ({"encoder", "decoder", "cross"} if fw == "all" else set(fw.split(",")))
-    phi = feature_map(getattr(cfg, "fw_feature_map", "elu"), d, nu=getattr(cfg, "fw_dpfp_nu", 1),
-                      m=getattr(cfg, "fw_favor_features", d))
-    M = d + RULES[getattr(cfg, "fw_update_rule", "sum")].z_column  # the sum rule's z column
+    config = FastWeightConfig.from_args(cfg)  # a transformer_fw* checkpoint's args, the architecture's defaults filled
+    phi = feature_map(config.feature_map, d, nu=config.dpfp_nu, m=config.favor_features)
+    M = d + RULES[config.rule("decoder")].z_column  # the sum rule's z column
     return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim,
-            "C": key_cache(phi).width, "M": M, "fw_decoder": "decoder" in places, "fw_cross": "cross" in places}
+            "C": key_cache(phi).width, "M": M, "fw_decoder": config.uses("decoder"), "fw_cross": config.uses("cross")}
 
 
 def self_attention_values(s: dict, t: int) -> int:

@@ -2,7 +2,7 @@
 """Convert a trained softmax Transformer checkpoint into a fast-weight one (docs/converting.md).
 
     convert_softmax.py --from checkpoints/checkpoint_best.pt --to fw/converted.pt [--data data-bin] \
-        --fw-feature-map t2r --fw-t2r-features 32 --fw-update-rule sum
+        --fw-feature-map t2r --fw-t2r-features 32 --fw-update-rule sum --fw-decoder-rule sum
 
 The teacher is a fairseq `transformer`-family checkpoint (transformer, transformer_wmt_en_de_big,
 transformer_vaswani_wmt_en_de_big, ..., or a transformer_fw* with --fw-attention none). The result is a

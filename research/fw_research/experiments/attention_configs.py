@@ -5,14 +5,14 @@ fw_research.convert.convert_study converts a softmax model into some of them.
 """
 from fw_research.experiments.long_output_rows import LONG_OUTPUT_ROWS
 from fw_research.experiments.row_flags import (CONV3, DELTAZ_THEN_SUM, DELTA_THEN_SUM, DPFP2, FAVOR_AS_THE_OTHERS,
-                                              NOPOS, NO_CONV, PLAIN_READ)
+                                              NOPOS, NO_CONV, PLAIN_READ, SUM)
 # name -> (kind, flags). kind: softmax (the reference), fast (every block fast weights), hybrid
 # (some blocks softmax: not a fast-weight model, e.g. fast weights in the decoder's self-attention
 # only, where decoding cost grows with the output).
 CONFIGS = {
     "softmax": ("softmax", ["--fw-attention", "none"]),
-    "elu-sum": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *NO_CONV]),
-    "dpfp2-sum": ("fast", [*DPFP2, "--fw-update-rule", "sum", *NO_CONV]),
+    "elu-sum": ("fast", ["--fw-feature-map", "elu", *SUM, *NO_CONV]),
+    "dpfp2-sum": ("fast", [*DPFP2, *SUM, *NO_CONV]),
     # the paper's delta rule (sum-normalised phi) in every block
     "dpfp2-delta-all": ("fast", [*DPFP2, "--fw-update-rule", "delta", *NO_CONV]),
     # the delta rule where the paper derives it, the causal decoder; the sum rule over the source
@@ -26,39 +26,34 @@ CONFIGS = {
                                   "--fw-delta-norm", "l2", *NO_CONV]),
     "dpfp2-gated-dec-l2": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "gated_delta",
                                     "--fw-delta-norm", "l2", *NO_CONV]),
-    "favor-sum": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
-                           *NO_CONV]),
+    "favor-sum": ("fast", ["--fw-feature-map", "favor", *SUM, "--fw-favor-redraw", "batch", *NO_CONV]),
     # FAVOR+ with the random features drawn once, not every training forward (the paper)
-    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "never",
-                                 *NO_CONV]),
+    "favor-sum-fixed": ("fast", ["--fw-feature-map", "favor", *SUM, "--fw-favor-redraw", "never", *NO_CONV]),
     # the wider DPFP of configs/wmt14_en_de/dpfp_nu4{,_delta}.sh (d_dot 512)
-    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum", *NO_CONV]),
+    "dpfp4-sum": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", *SUM, *NO_CONV]),
     "dpfp4-delta-dec-l2": ("fast", ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "4", "--fw-update-rule", "sum",
                                     "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
     # the learning rate the fast-weight models were proposed to need, and softmax's at the same
-    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--lr", "3e-3", *NO_CONV]),
+    "elu-sum-lr3e-3": ("fast", ["--fw-feature-map", "elu", *SUM, "--lr", "3e-3", *NO_CONV]),
     "softmax-lr3e-3": ("softmax", ["--fw-attention", "none", "--lr", "3e-3"]),
     # where the gap to softmax lies: DPFP-2 sum with softmax cross-attention, or with a softmax encoder
-    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
-                                       *NO_CONV]),
-    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "decoder,cross", *NO_CONV]),
+    "dpfp2-sum-softcross": ("hybrid", [*DPFP2, *SUM, "--fw-attention", "encoder,decoder", *NO_CONV]),
+    "dpfp2-sum-softenc": ("hybrid", [*DPFP2, *SUM, "--fw-attention", "decoder,cross", *NO_CONV]),
     # the gap in the non-causal blocks' read: an output gate (beyond the paper), Hedgehog's exp feature map
-    "dpfp2-sum-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "channel", *NO_CONV]),
-    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-output-gate", "channel",
-                              *NO_CONV]),
+    "dpfp2-sum-gate": ("fast", [*DPFP2, *SUM, "--fw-output-gate", "channel", *NO_CONV]),
+    "elu-sum-gate": ("fast", ["--fw-feature-map", "elu", *SUM, "--fw-output-gate", "channel", *NO_CONV]),
     "dpfp2-delta-dec-l2-gate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                          "--fw-delta-norm", "l2", "--fw-output-gate", "channel", *NO_CONV]),
-    "dpfp2-sum-headgate": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-output-gate", "head", *NO_CONV]),
-    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *NO_CONV]),
+    "dpfp2-sum-headgate": ("fast", [*DPFP2, *SUM, "--fw-output-gate", "head", *NO_CONV]),
+    "hedgehog-sum": ("fast", ["--fw-feature-map", "hedgehog", *SUM, *NO_CONV]),
     "hedgehog-delta-dec-l2": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
                                        "--fw-decoder-rule", "delta", "--fw-delta-norm", "l2", *NO_CONV]),
-    "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum",
-                                   "--fw-output-gate", "channel", *NO_CONV]),
+    "hedgehog-sum-gate": ("fast", ["--fw-feature-map", "hedgehog", *SUM, "--fw-output-gate", "channel", *NO_CONV]),
     "hybrid-delta-l2": ("hybrid", [*DPFP2, "--fw-attention", "decoder", "--fw-update-rule", "delta",
                                    "--fw-delta-norm", "l2", *NO_CONV]),
     # --fw-encoder-conv (beyond the paper; the translation models' default 3 since it was measured): the
     # encoder's read plus a depthwise convolution of its values; the rows above were measured before it, at 0
-    "dpfp2-sum-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", *CONV3]),
+    "dpfp2-sum-vconv3": ("fast", [*DPFP2, *SUM, *CONV3]),
     "dpfp2-delta-dec-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                            "--fw-delta-norm", "l2", *CONV3]),
     # the delta configuration with the paper's sum-normalised phi instead of L2 (docs/long_outputs.md): a write
@@ -103,19 +98,15 @@ CONFIGS = {
                                             DELTA_THEN_SUM, "--fw-delta-norm", "sum", *CONV3]),
     "dpfp2-deltaz-sum-dec-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                              DELTAZ_THEN_SUM, "--fw-delta-norm", "sum", *CONV3]),
-    "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", "--fw-update-rule", "sum", *CONV3]),
-    "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-update-rule", "sum", *CONV3]),
+    "elu-sum-vconv3": ("fast", ["--fw-feature-map", "elu", *SUM, *CONV3]),
+    "hedgehog-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", *SUM, *CONV3]),
     # the learned maps of converted softmax models (fw_research.convert.convert_study trains them from scratch too)
     "hedgehog-trainable-sum-vconv3": ("fast", ["--fw-feature-map", "hedgehog", "--fw-hedgehog-trainable", "1",
-                                               "--fw-update-rule", "sum", *CONV3]),
-    "t2r32-sum-vconv3": ("fast", ["--fw-feature-map", "t2r", "--fw-t2r-features", "32", "--fw-update-rule", "sum",
-                                  *CONV3]),
-    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw", "batch",
-                                  *CONV3]),
-    "favor-sum-fixed-vconv3": ("fast", ["--fw-feature-map", "favor", "--fw-update-rule", "sum", "--fw-favor-redraw",
-                                        "never", *CONV3]),
-    "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-attention", "encoder,decoder",
-                                              *CONV3]),
+                                               *SUM, *CONV3]),
+    "t2r32-sum-vconv3": ("fast", ["--fw-feature-map", "t2r", "--fw-t2r-features", "32", *SUM, *CONV3]),
+    "favor-sum-vconv3": ("fast", ["--fw-feature-map", "favor", *SUM, "--fw-favor-redraw", "batch", *CONV3]),
+    "favor-sum-fixed-vconv3": ("fast", ["--fw-feature-map", "favor", *SUM, "--fw-favor-redraw", "never", *CONV3]),
+    "dpfp2-sum-softcross-vconv3": ("hybrid", [*DPFP2, *SUM, "--fw-attention", "encoder,decoder", *CONV3]),
     # softmax cross-attention: on a long source it stays on a few positions where the fast weights' read spreads
     # over most of them, and the translations start fewer loops (docs/long_outputs_diagnosis.md)
     "dpfp2-delta-dec-softcross-vconv3": ("hybrid", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
@@ -123,12 +114,12 @@ CONFIGS = {
                                                     *CONV3]),
     # the delta rule over the source (L2, the default of a delta rule there): the memory the paper's capacity argument
     # (§4.1) favours, against the sum rule's average of a long source; it costs test BLEU (docs/long_outputs.md)
-    "dpfp2-delta-cross-l2-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-rule", "delta",
+    "dpfp2-delta-cross-l2-vconv3": ("fast", [*DPFP2, *SUM, "--fw-cross-rule", "delta",
                                              "--fw-delta-norm", "l2", *CONV3]),
     # the cross-attention's read weighted towards the source position aligned with the target's (--fw-cross-align P:
     # cos^2P, P = 1 broad, 4 narrower): where a long source's read stops being an average (docs/long_outputs.md)
-    "dpfp2-sum-align1-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "1", *CONV3]),
-    "dpfp2-sum-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4", *CONV3]),
+    "dpfp2-sum-align1-vconv3": ("fast", [*DPFP2, *SUM, "--fw-cross-align", "1", *CONV3]),
+    "dpfp2-sum-align4-vconv3": ("fast", [*DPFP2, *SUM, "--fw-cross-align", "4", *CONV3]),
     "dpfp2-delta-dec-align4-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                "--fw-delta-norm", "sum", "--fw-cross-align", "4", *CONV3]),
     # narrower windows (P = 8: half weight within 0.19 of the source's length, P = 16: 0.13; P = 4: 0.26)
@@ -144,14 +135,14 @@ CONFIGS = {
     # a causal convolution over the decoder's own last 3 values beside its read (--fw-decoder-conv 3): a token repeated
     # after itself reads almost what the first one read from the fast weights, where softmax can read the position
     # before; the convolution hands each position the last values as they are (docs/long_outputs.md)
-    "dpfp2-sum-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *CONV3]),
+    "dpfp2-sum-dconv3-vconv3": ("fast", [*DPFP2, *SUM, "--fw-decoder-conv", "3", *CONV3]),
     "dpfp2-delta-dec-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *CONV3]),
     "dpfp2-delta-dec-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
                                                       "delta", "--fw-delta-norm", "sum", "--fw-cross-align", "4",
                                                       "--fw-decoder-conv", "3", *CONV3]),
     # the shipped sum rule with both: the aligned read's long-split BLEU, whose runaways the convolution may end
-    "dpfp2-sum-align4-dconv3-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-cross-align", "4",
+    "dpfp2-sum-align4-dconv3-vconv3": ("fast", [*DPFP2, *SUM, "--fw-cross-align", "4",
                                                 "--fw-decoder-conv", "3", *CONV3]),
     # a wider window (5): a loop of subwords such as "@-@ KEY @-@ KEY" repeats with a period above 3
     "dpfp2-delta-dec-align4-dconv5-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule",
@@ -165,8 +156,7 @@ CONFIGS = {
     "dpfp2-delta-dec-dconv3-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                      "--fw-delta-norm", "sum", "--fw-decoder-conv", "3", *NOPOS,
                                                      *CONV3]),
-    "dpfp2-sum-dconv3-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-conv", "3", *NOPOS,
-                                               *CONV3]),
+    "dpfp2-sum-dconv3-nopos-vconv3": ("fast", [*DPFP2, *SUM, "--fw-decoder-conv", "3", *NOPOS, *CONV3]),
     "dpfp2-delta-dec-align4-nopos-vconv3": ("fast", [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
                                                      "--fw-delta-norm", "sum", "--fw-cross-align", "4", *NOPOS,
                                                      *CONV3]),

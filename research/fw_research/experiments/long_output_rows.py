@@ -29,29 +29,29 @@ LONG_OUTPUT_ROWS = {
     # the candidates only the tokens that continue a repeat (--unlikelihood-candidates continuations): the last
     # token and what followed it before, so that words a long message needs again are not pushed down
     "dpfp2-sum-ul1c-vconv3": ("fast", [*DPFP2, *SUM, *CONV3, *UNLIKELIHOOD, *CONTINUATIONS]),
-    "dpfp2-delta-dec-ul1c-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *CONV3, *UNLIKELIHOOD, *CONTINUATIONS]),
-    "dpfp2-delta-dec-align4-ul1c-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UNLIKELIHOOD,
+    "dpfp2-delta-dec-ul1c-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *CONV3, *UNLIKELIHOOD, *CONTINUATIONS]),
+    "dpfp2-delta-dec-align4-ul1c-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *ALIGN4, *CONV3, *UNLIKELIHOOD,
                                                     *CONTINUATIONS]),
-    "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *CONV3, *UNLIKELIHOOD]),
-    "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UNLIKELIHOOD]),
+    "dpfp2-delta-dec-ul1-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *CONV3, *UNLIKELIHOOD]),
+    "dpfp2-delta-dec-align4-ul1-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *ALIGN4, *CONV3, *UNLIKELIHOOD]),
     # the decoder's convolution with the term: the convolution keeps the long translations' length on the base
     # preset, the term ends the loops that run to the length limit on the demo preset
     "dpfp2-sum-dconv3-ul1-vconv3": ("fast", [*DPFP2, *SUM, *DCONV3, *CONV3, *UNLIKELIHOOD]),
     "dpfp2-sum-dconv3-ul1c-vconv3": ("fast", [*DPFP2, *SUM, *DCONV3, *CONV3, *UNLIKELIHOOD, *CONTINUATIONS]),
-    "dpfp2-delta-dec-dconv3-ul1-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *DCONV3, *CONV3, *UNLIKELIHOOD]),
+    "dpfp2-delta-dec-dconv3-ul1-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *DCONV3, *CONV3, *UNLIKELIHOOD]),
     # the aligned read keeps the long translations' length that the term takes away; twice the term's weight for the
     # loops the term alone leaves running to the length limit on the demo preset (docs/long_outputs.md)
-    "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
+    "dpfp2-delta-dec-align4-ul2-vconv3": ("fast", [*DPFP2, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
     # the shipped sum rule with the same read and term: whether the default's rule needs the delta rule to meet them
     "dpfp2-sum-align4-ul2-vconv3": ("fast", [*DPFP2, *SUM, *ALIGN4, *CONV3, *UL2]),
     # the other shipped maps with the sum rule, the same read and term
     "elu-sum-align4-ul2-vconv3": ("fast", [*ELU, *SUM, *ALIGN4, *CONV3, *UL2]),
     "hedgehog-sum-align4-ul2-vconv3": ("fast", [*HEDGEHOG, *SUM, *ALIGN4, *CONV3, *UL2]),
-    "favor-sum-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *ALIGN4, *CONV3, *UL2]),
+    "favor-sum-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *SUM, *ALIGN4, *CONV3, *UL2]),
     # the same maps with the delta rule in the decoder, as DPFP-2's row above: whether the rule that meets every mark
     # with DPFP-2 ends the runaways the sum rule leaves with FAVOR+ and ELU+1 on the demo preset
-    "elu-delta-dec-align4-ul2-vconv3": ("fast", [*ELU, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
-    "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", [*HEDGEHOG, *SUM, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
+    "elu-delta-dec-align4-ul2-vconv3": ("fast", [*ELU, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
+    "hedgehog-delta-dec-align4-ul2-vconv3": ("fast", [*HEDGEHOG, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
     "favor-delta-dec-fixed-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *ALIGN4, *CONV3, *UL2]),
     # FAVOR+ with the other maps' defaults runs to the length limit more often than softmax on the demo preset:
     # twice the term's weight, or twice the random features (a closer estimate of softmax's kernel)
@@ -69,7 +69,7 @@ LONG_OUTPUT_ROWS = {
     "favor-delta-dec-fixed-bmax01-align4-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *beta_max("0.1"), *ALIGN4,
                                                                 *CONV3, *UL2]),
     # both: the smaller step and the decoder's convolution, the two that cut FAVOR+'s runs to the length limit most;
-    # the translation models' defaults with FAVOR+ (flag_table.FAVOR_DECODER)
+    # the translation models' defaults with FAVOR+ (flag_table.FAVOR)
     "favor-delta-dec-fixed-bmax025-align4-dconv3-ul2-vconv3": ("fast", [*FAVOR_FIXED, *DELTA_DEC, *beta_max("0.25"),
                                                                         *ALIGN4, *DCONV3, *CONV3, *UL2]),
 }
