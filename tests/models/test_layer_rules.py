@@ -9,7 +9,8 @@ from factories import build_model, decode_step_by_step, parse_model_args, random
 from fw_fairseq.models.checkpoints import RECORD, decode
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 
-FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum"]
+# the sum rule in every block; a test that gives --fw-decoder-rule again overrides the decoder's (the last value wins)
+FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
 
 
 def rules_by_layer(stack, block):
