@@ -98,15 +98,14 @@ class FastWeightTransformerLanguageModel(RecordsFastWeightSettings, TransformerL
 
     @classmethod
     def build_model(cls, args, task):
-        base_lm_architecture(args)  # fill options missing from older checkpoints: the embedding reads them
-        embed_tokens = cls.build_embed_tokens(args, task)
-        transformer_lm_fw(args)  # and the --fw-* options
+        transformer_lm_fw(args)  # fill options missing from older checkpoints
         config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
         settings = config.settings()
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        embed_tokens = cls.build_embed_tokens(args, task)
         decoder = FastWeightLMDecoder(args, config, task.target_dictionary, embed_tokens, no_encoder_attn=True)
         model = cls(decoder)
         model.record_fast_weight_settings(settings)

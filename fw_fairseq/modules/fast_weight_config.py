@@ -3,7 +3,7 @@ reads them once per model, and its record says what the attention computes. Its 
 that args saved before each flag existed imply) and their validation are the flag table's (flag_table.py)."""
 import argparse
 from dataclasses import field, make_dataclass, replace
-from typing import Dict, Tuple
+from typing import Dict, FrozenSet, Tuple
 
 from fw_fairseq.modules.fast_weight_flags import PLACES, cli_error
 from fw_fairseq.modules.flag_table import BY_NAME, FAVOR, FLAGS, PRESETS, Blocks, Derived
@@ -47,7 +47,7 @@ def check_fast_weight_args(args, shapes: Dict[str, Tuple[Tuple[int, str], Tuple[
     block's count of layers, and --fw-decoder-positions none over a softmax decoder self-attention (which needs the
     positions to order the target). `shapes` maps each block to ((model dim, its flag), (heads, its flag)), `layers`
     to (layers, its flag); architectures call this, so that fairseq runs it while it parses the arguments."""
-    places = frozenset(args.fw_attention.split(",")) - {"none"}
+    places = places_of(args.fw_attention)
     for place, ((dim, dim_flag), (heads, heads_flag)) in shapes.items():
         if heads < 1 or dim % heads:
             raise cli_error(f"argument {heads_flag}: {heads} heads do not divide {dim_flag} {dim}; allowed: a "
@@ -65,6 +65,11 @@ def check_fast_weight_args(args, shapes: Dict[str, Tuple[Tuple[int, str], Tuple[
     if args.fw_decoder_positions == "none" and "decoder" not in places:
         raise cli_error("argument --fw-decoder-positions: none needs fast-weight decoder self-attention (decoder in "
                         f"--fw-attention, here {args.fw_attention}); allowed with a softmax decoder: absolute")
+
+
+def places_of(attention: str) -> FrozenSet[str]:
+    """The fast-weight blocks of a canonical --fw-attention value (as its row parses it, or as a record keeps it)."""
+    return frozenset(attention.split(",")) - {"none"}
 
 
 def _parsed(flag, value):
@@ -90,7 +95,7 @@ class _Config:
         values = {flag.name: getattr(args, flag.attr) if hasattr(args, flag.attr) else flag.before for flag in FLAGS}
         values = {name: _parsed(BY_NAME[name], value) for name, value in values.items() if value is not None}
         fields = {flag.field: values[flag.name] for flag in FLAGS if flag.field and flag.name in values}
-        fields["places"] = frozenset(fields["places"].split(",")) - {"none"}
+        fields["places"] = places_of(fields["places"])
         block_rules = tuple((place, values[f"--fw-{place}-rule"]) for place in PLACES if f"--fw-{place}-rule" in values)
         return cls(**fields, block_rules=block_rules)
 
@@ -180,7 +185,7 @@ def _blocks_of(settings: Dict[str, str]) -> Blocks:
     """The Blocks a settings record describes."""
     values = [settings.get(flag) for flag in ("--fw-update-rule", *(f"--fw-{p}-rule" for p in PLACES))]
     rules = [rule for value in values if value is not None for rule in value.split(",")]
-    places = frozenset(settings.get("--fw-attention", "none").split(",")) - {"none"}
+    places = places_of(settings.get("--fw-attention", "none"))
     return Blocks(settings.get("--fw-feature-map"), tuple(RULES[rule] for rule in rules if rule in RULES), places)
 
 
