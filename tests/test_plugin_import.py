@@ -28,8 +28,6 @@ def test_the_ops_load_without_fairseq():
 
 
 @pytest.mark.parametrize("first, second", [
-    ("fw_fairseq", "fairseq.models"),  # the plugin first: registered when fairseq is imported
-    ("fw_fairseq.ops", "fairseq"),
     ("fairseq", "fw_fairseq"),  # fairseq first (its CLIs, --user-dir): registered by the plugin's import
     # a plugin module imports fairseq first: registered once that module has finished
     ("fw_fairseq.models.checkpoints", "fairseq"),
@@ -39,14 +37,13 @@ def test_the_models_are_registered_whichever_is_imported_first(first, second):
     python(f"import {first}\nimport {second}\n{REGISTERED}")
 
 
-def test_looking_for_fairseq_without_importing_it_keeps_the_registration():
-    python(f"import importlib.util\nimport fw_fairseq\nassert importlib.util.find_spec('fairseq')\n{REGISTERED}")
-
-
-def test_fairseq_keeps_its_own_loader():
-    """The registration hooks into fairseq's import once and then steps aside: fairseq's module and spec hold its own
-    loader, and no hook of the plugin is left on the import path."""
-    python("import importlib.machinery, sys\nimport fw_fairseq\nimport fairseq\n"
+def test_the_plugin_first_registers_when_fairseq_is_imported_and_steps_aside():
+    """The plugin first: looking for fairseq does not import it; importing it registers the models, and the hook
+    then steps aside: fairseq's module and spec hold its own loader, and no hook of the plugin is left on the import
+    path."""
+    python("import importlib.machinery, importlib.util, sys\nimport fw_fairseq\n"
+           "assert importlib.util.find_spec('fairseq') and 'fairseq' not in sys.modules\nimport fairseq.models\n"
+           f"{REGISTERED}\nimport fairseq\n"
            "assert isinstance(fairseq.__loader__, importlib.machinery.SourceFileLoader), fairseq.__loader__\n"
            "assert fairseq.__spec__.loader is fairseq.__loader__\n"
            "assert not [f for f in sys.meta_path if type(f).__module__.startswith('fw_fairseq')]")

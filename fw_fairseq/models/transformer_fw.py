@@ -17,6 +17,8 @@ from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
                                                TransformerEncoderLayerBase)
 
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
+from fw_fairseq.models.length_ratio import settle_align_ratio
+from fw_fairseq.modules.aligned_softmax import AlignedMultiheadAttention
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args, check_fast_weight_args,
                                                    set_fast_weight_defaults)
@@ -84,6 +86,9 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
         return FastWeightAttention(embed_dim, cfg.decoder.attention_heads, self.fw, causal=True)
 
     def build_encoder_attention(self, embed_dim, cfg):
+        if not self.fw.uses("cross") and self.fw.cross_align:
+            return AlignedMultiheadAttention.like_fairseq(self, embed_dim, cfg, self.fw.cross_align,
+                                                          self.fw.align_ratio)
         if not self.fw.uses("cross"):
             return super().build_encoder_attention(embed_dim, cfg)
         return FastWeightAttention(embed_dim, cfg.decoder.attention_heads, self.fw, causal=False,
@@ -138,6 +143,7 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         transformer_fw(args)  # fill options missing from older checkpoints
+        settle_align_ratio(args, task)  # --fw-align-ratio data: the number, before the config reads it
         config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
         settings = config.settings()
         # fairseq hands build_encoder and build_decoder only its copy of the args (TransformerConfig.from_namespace
@@ -208,6 +214,8 @@ def transformer_fw_big(args):
     """The paper's MT model: Vaswani et al.'s big Transformer (1024 dim, 16 heads: d_key = 64)."""
     transformer_vaswani_wmt_en_de_big(args)
     settle_fast_weight_args(args)
+
+
 @register_model_architecture("transformer_fw", "transformer_fw_small")
 def transformer_fw_small(args):
     """For CPU experiments: 3+3 layers, 256 dim, 4 heads (d_key = 64), FFN 1024."""

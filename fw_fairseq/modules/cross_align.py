@@ -1,8 +1,8 @@
 """Aligned cross-attention (--fw-cross-align P): the fast-weight read of the source weighted towards the source
 position that the target position aligns with, as a kernel that stays a fast weight memory.
 
-Target position i and source position j (0-based, of a source of N tokens) get the angles a_i = pi min(i, N) / N
-and b_j = pi j / N, and the read of q_i weighs the write of k_j by phi(q_i) . phi(k_j) w(i, j) with
+Target position i and source position j (0-based, of a source of N tokens) get the angles a_i = pi min(i / r, N) / N
+and b_j = pi j / N (r: --fw-align-ratio, the target's length over the source's), and the read of q_i weighs the write of k_j by phi(q_i) . phi(k_j) w(i, j) with
     w(i, j) = cos^(2P)((a_i - b_j) / 2) in [0, 1]:
 1 on the diagonal, 0 between the first and the last position, narrower as P grows (P = 1: 1/2 at half a source
 apart; P = 4: 1/16). Because (2 cos(x / 2))^(2P) = sum_{k=-P..P} C(2P, P+k) e^(ikx), w is a sum of 2P + 1
@@ -14,7 +14,8 @@ a delta rule over the source. A source is written once and read at every step as
 factors to the rule's read (UpdateRule.attend's positions): its short order weighs the scores by w and never forms
 the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches
 the source's factors beside its keys, or the memory of phi' (source_memory.py). A target position past the
-source's length aligns with its last token (the end-of-sentence marker).
+source's length aligns with its last token (the end-of-sentence marker). A softmax cross-attention adds log w to its
+logits instead (aligned_softmax.py).
 """
 import math
 from functools import partial
@@ -57,20 +58,27 @@ def source_angles(key_padding_mask: Optional[Tensor], lengths: Tensor, length: i
     return math.pi * j / lengths[:, None]
 
 
-def target_angles(positions: Tensor, lengths: Tensor) -> Tensor:
-    """a_i = pi min(i, N) / N of target positions [B, T] (float) over source lengths [B] -> [B, T]."""
-    return math.pi * torch.minimum(positions, lengths[:, None]) / lengths[:, None]
+def target_angles(positions: Tensor, lengths: Tensor, ratio: float) -> Tensor:
+    """a_i = pi min(i / r, N) / N of target positions [B, T] (float) over source lengths [B], for a target r times
+    as long as its source -> [B, T]."""
+    return math.pi * torch.minimum(positions / ratio, lengths[:, None]) / lengths[:, None]
 
 
-def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars,
+def aligned_angles(key_padding_mask: Optional[Tensor], batch: int, src_len: int, positions: Tensor,
+                   ratio: float):
+    """The angles of target positions [B, T] (float64) and of the source's positions: [B, T], [B, S]."""
+    lengths = source_lengths(key_padding_mask, batch, src_len, positions.device)
+    return target_angles(positions, lengths, ratio), source_angles(key_padding_mask, lengths, src_len)
+
+
+def aligned_read(block, order: int, ratio: float, q: Tensor, keys: Tensor, v: Tensor, scalars,
                  key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
     """Training and validation: queries q [B, H, T, d] at target positions 0..T-1 read the aligned source written by
     keys, v [B, H, S, d] -> [B, H, T, D]. The heads are raw, half where the fused GPU read may take them
     (fused_read/dispatch.py: it weighs the scores on chip); every other path computes in dtype."""
     bsz, _, src_len, _ = keys.shape
-    lengths = source_lengths(key_padding_mask, bsz, src_len, q.device)
     target = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)  # [B, T]
-    angles = (target_angles(target, lengths), source_angles(key_padding_mask, lengths, src_len))  # [B, T], [B, S]
+    angles = aligned_angles(key_padding_mask, bsz, src_len, target, ratio)  # [B, T], [B, S]
     o = fused_aligned_read_for(block.phi, block.rule, order, angles, q, keys, v, key_padding_mask)
     if o is not None:
         return o
@@ -80,8 +88,8 @@ def aligned_read(block, order: int, q: Tensor, keys: Tensor, v: Tensor, scalars,
                                             block.values(v, key_padding_mask), *scalars, positions=factors))
 
 
-def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding_mask: Optional[Tensor],
-                 beam: int) -> Tensor:
+def aligned_step(buffer: dict, block, order: int, ratio: float, q: Tensor, source,
+                 key_padding_mask: Optional[Tensor], beam: int) -> Tensor:
     """Generation: the aligned source written once, at the first step, from `source` (keys, v [B / beam, H, S, d],
     scalars), one row per sentence of `beam` hypotheses, and read by queries q [B, H, T, d] at the next T target
     positions of each hypothesis. The buffer keeps each hypothesis's source length and position ([B], reordered
@@ -99,7 +107,7 @@ def aligned_step(buffer: dict, block, order: int, q: Tensor, source, key_padding
     positions = buffer["align_position"][:, None] + torch.arange(q.size(2), device=q.device)  # [B, T]
     buffer["align_position"] = buffer["align_position"] + q.size(2)
     phi_q = block.features(q, is_query=True)  # [B, H, T, E]
-    factors = align_factors(target_angles(positions, buffer["align_lengths"]), order)  # [B, T, R]
+    factors = align_factors(target_angles(positions, buffer["align_lengths"], ratio), order)  # [B, T, R]
     query = torch.cat([phi_q, factors[:, None].expand(-1, q.size(1), -1, -1).to(phi_q.dtype)], dim=-1)
     return block.read_out(read_per_sentence(partial(read_positioned_source, factors.size(-1)), query,
                                             buffer["memory"]))

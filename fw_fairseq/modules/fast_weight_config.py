@@ -5,7 +5,7 @@ import argparse
 from dataclasses import field, make_dataclass, replace
 from typing import Dict, FrozenSet, Tuple
 
-from fw_fairseq.modules.fast_weight_flags import PLACES, cli_error
+from fw_fairseq.modules.fast_weight_flags import PLACES, cli_error, parse_places
 from fw_fairseq.modules.flag_table import BY_NAME, FAVOR, FLAGS, PRESETS, Blocks, Derived
 from fw_fairseq.ops import RULES
 
@@ -25,9 +25,16 @@ def set_fast_weight_defaults(args, preset: str):
     were trained with), the others their preset's, --fw-preset's or else the architecture's `preset`, with the
     preset's FAVOR+ values under FAVOR+; a Derived value last, from the others' values. Values only decide: a flag
     given its preset's value builds what leaving it out builds."""
+    # args saved before a softmax cross-attention took --fw-cross-align were filled with the translation preset's 4
+    # whatever the blocks, and such a model never read it
+    attention = getattr(args, "fw_attention", None)
+    softmax_cross_unaligned = (not hasattr(args, "fw_align_ratio") and attention is not None
+                               and "cross" not in places_of(parse_places(attention)))
     for flag in FLAGS:
         if not hasattr(args, flag.attr) and flag.before is not None:
             setattr(args, flag.attr, flag.before)
+    if softmax_cross_unaligned:
+        args.fw_cross_align = 0
     args.fw_preset = _parsed(BY_NAME["--fw-preset"], args.fw_preset or preset)
     table = PRESETS[args.fw_preset]
     if (getattr(args, "fw_feature_map", None) or table["--fw-feature-map"]) == "favor":
@@ -156,15 +163,15 @@ class _Config:
         recorded as --fw-update-rule when every fast-weight block has the same one, else one --fw-{place}-rule per
         fast-weight block (however the command line spelled it)."""
         out = {"--fw-attention": ",".join(p for p in PLACES if p in self.places) or "none"}
-        if not self.places:
-            return out
-        out["--fw-feature-map"] = self.feature_map
-        rules = {place: ",".join(self.rules(place)) for place in PLACES if place in self.places}
-        if len(set(rules.values())) == 1:
-            out["--fw-update-rule"] = next(iter(rules.values()))
-        else:
-            out.update({f"--fw-{place}-rule": rule for place, rule in rules.items()})
-        blocks = self.blocks()
+        # a softmax model: no feature map or rule; what applies to softmax blocks too (the prior) is recorded
+        blocks = self.blocks() if self.places else Blocks(None, (), frozenset())
+        if self.places:
+            out["--fw-feature-map"] = self.feature_map
+            rules = {place: ",".join(self.rules(place)) for place in PLACES if place in self.places}
+            if len(set(rules.values())) == 1:
+                out["--fw-update-rule"] = next(iter(rules.values()))
+            else:
+                out.update({f"--fw-{place}-rule": rule for place, rule in rules.items()})
         for flag in FLAGS:
             if flag.recorded is not None and flag.recorded(blocks):
                 out[flag.name] = flag.value(self) if flag.value else str(getattr(self, flag.field))

@@ -15,6 +15,7 @@ from fw_fairseq.ops import RULES
 UPDATE_RULES = RULES  # the live table: a rule registered before the flags parse is allowed
 PLACES = ("encoder", "decoder", "cross")
 BETA_MAX = 2  # --fw-delta-beta-max: beta = max * sigmoid(.), max in (0, BETA_MAX]
+ALIGN_RATIO_OF_DATA = "data"  # --fw-align-ratio's value that the model's build takes from the training split
 
 
 def parse_places(text: str) -> str:
@@ -109,6 +110,21 @@ def parse_encoder_conv(text: str) -> int:
     if width != 0 and (width < 3 or width % 2 == 0):
         raise argparse.ArgumentTypeError(f"--fw-encoder-conv got {text!r}; allowed: 0 (off) or an odd width >= 3")
     return width
+
+
+def parse_align_ratio(text: str) -> Union[float, str]:
+    """An `--fw-align-ratio` value: a number > 0 (kept as a float; the record spells it %g), or `data`, which the
+    model's build replaces by the training split's ratio (length_ratio.py)."""
+    if text.strip() == ALIGN_RATIO_OF_DATA:
+        return ALIGN_RATIO_OF_DATA
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"--fw-align-ratio got {text!r}; allowed: a number > 0, or "
+                                         f"{ALIGN_RATIO_OF_DATA} (the training split's target over source tokens)")
+    return value
 
 
 def parse_switch(flag: str):

@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, FrozenSet, Mapping, Optional, Tuple
 
-from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, int_at_least, parse_beta_max,
-                                                  parse_encoder_conv, parse_output_gate, parse_places, parse_rule,
-                                                  parse_switch)
+from fw_fairseq.modules.fast_weight_flags import (BETA_MAX, UPDATE_RULES, int_at_least, parse_align_ratio,
+                                                  parse_beta_max, parse_encoder_conv, parse_output_gate, parse_places,
+                                                  parse_rule, parse_switch)
 from fw_fairseq.ops import FEATURE_MAPS, PHI_NORMS, RULES
 
 FAVOR_REDRAWS = ("batch", "never")  # --fw-favor-redraw: a new R every training forward (the paper), or never
@@ -146,12 +146,20 @@ FLAGS = (
          "self-attention (with --fw-decoder-conv, its convolution) alone orders the target, as in the paper's "
          "delta-rule language models (beyond the paper for translation)", dict(choices=DECODER_POSITIONS),
          before="absolute", recorded=lambda blocks: "decoder" in blocks.places, unrecorded="absolute"),
-    Flag("--fw-cross-align", "cross_align", "the fast-weight cross-attention weighs each source position by "
-         "cos^(2P) of half its angle to the target position's (angles pi*position/source length; beyond the "
-         "paper): 0 (off, the paper) or P >= 1, narrower as P grows; decoding keeps a memory (2P+1) times wider; "
-         "the sum rule's fused GPU read takes it, the CPU kernels do not",
-         dict(type=int_at_least("--fw-cross-align", 0), metavar="P"), before=0,
-         recorded=lambda blocks: "cross" in blocks.places, unrecorded="0"),
+    # recorded for every model: a softmax cross-attention takes the same prior (aligned_softmax.py), so that a
+    # record without it could not tell a plain softmax model from one with the prior
+    Flag("--fw-cross-align", "cross_align", "the cross-attention weighs each source position by cos^(2P) of half "
+         "its angle to the target position's (angles pi*position/source length, the target's position over "
+         "--fw-align-ratio; beyond the paper): 0 (off, the paper) or P >= 1, narrower as P grows. A fast-weight "
+         "cross-attention multiplies its scores by it (decoding keeps a memory (2P+1) times wider; the sum rule's "
+         "fused GPU read takes it, the CPU kernels do not), a softmax one adds its log to its logits",
+         dict(type=int_at_least("--fw-cross-align", 0), metavar="P"), before=0, recorded=lambda blocks: True,
+         unrecorded="0"),
+    Flag("--fw-align-ratio", "align_ratio", "the length ratio r of --fw-cross-align: target position i aims at "
+         "source position i/r. A number > 0 (1: the target as long as the source), or data: the training split's "
+         "target tokens over its source tokens, counted when the model is built (the checkpoint keeps the number)",
+         dict(type=parse_align_ratio, metavar="{R,data}"), before=1.0, recorded=lambda blocks: True,
+         unrecorded="1", value=lambda config: f"{config.align_ratio:g}"),
 )
 BY_NAME = {flag.name: flag for flag in FLAGS}
 
@@ -164,13 +172,18 @@ def _delta_norm_of_translation(args) -> str:
     return "l2" if any(RULES[rule].normalised_phi for rule in rules) else "sum"
 
 
+def _cross_align_of_translation(args) -> int:
+    """4 where the cross-attention is fast weights, 0 (softmax as it is) where it is softmax."""
+    return 4 if "cross" in parse_places(args.fw_attention).split(",") else 0
+
+
 # The paper's blocks (Table 1): DPFP-2 (the feature map the configs name for each row), the sum rule everywhere,
 # FAVOR+ redrawing its features every batch, nothing beyond the paper
 PAPER = {"--fw-feature-map": "dpfp", "--fw-update-rule": "sum", "--fw-dpfp-nu": 2, "--fw-favor-features": 128,
          "--fw-attention": "encoder,decoder,cross", "--fw-delta-beta-max": 1, "--fw-delta-norm": "sum",
          "--fw-beta-bias": 0.0, "--fw-t2r-features": 32, "--fw-hedgehog-trainable": False,
          "--fw-favor-redraw": "batch", "--fw-output-gate": "none", "--fw-encoder-conv": 0, "--fw-decoder-conv": 0,
-         "--fw-decoder-positions": "absolute", "--fw-cross-align": 0}
+         "--fw-decoder-positions": "absolute", "--fw-cross-align": 0, "--fw-align-ratio": 1.0}
 PRESETS = {
     "translation": {
         **PAPER,
@@ -189,8 +202,9 @@ PRESETS = {
         "--fw-favor-redraw": "never",
         "--fw-encoder-conv": 3,
         # a long source's read stops being an average: DPFP-2 with P = 4 lifts the long-message BLEU above
-        # softmax's in every setting measured (docs/long_outputs.md)
-        "--fw-cross-align": 4},
+        # softmax's in every setting measured (docs/long_outputs.md); a softmax cross-attention is left as the
+        # paper's unless asked for the prior
+        "--fw-cross-align": Derived(_cross_align_of_translation, "`4` with fast-weight cross-attention, else `0`")},
     "paper": PAPER,
     # the paper's language models (section 6.3): the delta rule with sum-normalised phi, in the decoder
     "lm": {**PAPER, "--fw-update-rule": "delta", "--fw-attention": "decoder"},

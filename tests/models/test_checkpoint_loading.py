@@ -50,16 +50,18 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-delta-beta-max": "0.25", "--fw-delta-norm": "l2",  # the translation models' defaults with FAVOR+
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
         "--fw-decoder-conv": "3", "--fw-cross-align": "4",  # the translation models' defaults with FAVOR+
-        "--fw-decoder-positions": "absolute"}
+        "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
         "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0",
-        "--fw-cross-align": "4", "--fw-decoder-positions": "absolute"}
+        "--fw-cross-align": "4", "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
+    # softmax: no map or rule; the prior, which softmax cross-attention takes too (off: the preset's for softmax)
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
-    assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none"}
+    assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none", "--fw-cross-align": "0",
+                                                    "--fw-align-ratio": "1"}
 
 
 def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
@@ -69,7 +71,7 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
              "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
              "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0", "--fw-cross-align": "4",
-             "--fw-decoder-positions": "absolute"}
+             "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
         model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",
@@ -222,9 +224,12 @@ def test_another_cross_align_is_refused_and_records_from_before_it_mean_none():
     build_model(fw, seed=1)[0].load_state_dict(recorded_before(plain, "--fw-cross-align"))  # the same attention
     with pytest.raises(SystemExit, match=r"trained with --fw-cross-align 0, not 4"):  # not the default's
         build_model(fw[:-2], seed=1)[0].load_state_dict(recorded_before(plain, "--fw-cross-align"))
-    # softmax cross-attention: nothing to record
-    assert "--fw-cross-align" not in decode(build_model(fw + ["--fw-attention", "encoder,decoder"])[0]
-                                            .state_dict()[RECORD])
+    # softmax cross-attention takes the prior too: recorded, and a plain one's record from before it means none
+    hybrid = fw[:-1] + ["2", "--fw-attention", "encoder,decoder"]
+    assert decode(build_model(hybrid)[0].state_dict()[RECORD])["--fw-cross-align"] == "2"
+    plain_hybrid, _ = build_model(fw + ["--fw-attention", "encoder,decoder"])
+    with pytest.raises(SystemExit, match=r"trained with --fw-cross-align 0, not 2"):
+        build_model(hybrid, seed=1)[0].load_state_dict(recorded_before(plain_hybrid, "--fw-cross-align"))
 
 
 def test_another_favor_redraw_is_refused_and_records_from_before_it_are_not_checked(caplog):

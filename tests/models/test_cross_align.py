@@ -18,9 +18,9 @@ FW = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "sum"
       "--fw-decoder-rule", "sum"]
 
 
-def naive_read(phi, q, k, v, mask, order):
+def naive_read(phi, q, k, v, mask, order, ratio=1.0):
     """The definition, one query and one source position at a time: y_i = sum_j w_ij phi(q_i).phi(k_j) v_j over
-    sum_j w_ij phi(q_i).phi(k_j), w_ij = cos^(2P)((a_i - b_j) / 2), a_i = pi min(i, N) / N, b_j = pi j / N."""
+    sum_j w_ij phi(q_i).phi(k_j), w_ij = cos^(2P)((a_i - b_j) / 2), a_i = pi min(i / r, N) / N, b_j = pi j / N."""
     rows = []
     for b in range(q.size(0)):
         length = int((~mask[b]).sum())
@@ -30,7 +30,7 @@ def naive_read(phi, q, k, v, mask, order):
             pq, pk = phi(q[b, h], is_query=True), phi(k[b, h], is_query=False)
             reads = []
             for i in range(q.size(2)):
-                a = math.pi * min(i, length) / length
+                a = math.pi * min(i / ratio, length) / length
                 w = torch.stack([torch.cos(torch.tensor((a - math.pi * j / length) / 2, dtype=q.dtype)) ** (2 * order)
                                  for j in range(length)])
                 scores = (pk[pad:] @ pq[i]) * w  # [N]
@@ -52,14 +52,14 @@ def inputs():
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("order", [1, 3])
-def test_aligned_read_is_the_weighted_read(inputs, order):
+@pytest.mark.parametrize("order,ratio", [(1, 1.0), (3, 1.0), (3, 1.5), (2, 0.7)])
+def test_aligned_read_is_the_weighted_read(inputs, order, ratio):
     q, k, v, mask = inputs
     phi = feature_map("dpfp", 8, nu=2)
     block = Block.of(RULES["sum"], phi, "sum")
     v_written = v.masked_fill(mask[:, None, :, None], 0.0)  # the module zeroes padded values
-    out = aligned_read(block, order, q, k, v_written, (), mask, torch.float64)
-    ref = naive_read(phi, q, k, v, mask, order)
+    out = aligned_read(block, order, ratio, q, k, v_written, (), mask, torch.float64)
+    ref = naive_read(phi, q, k, v, mask, order, ratio)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), grad)
@@ -80,13 +80,14 @@ def test_aligned_features_keep_the_norm_and_weigh_by_the_window():
         torch.testing.assert_close(factors @ factors.transpose(-1, -2), window)
 
 
-def test_steps_equal_the_read(inputs):
+@pytest.mark.parametrize("ratio", [1.0, 1.5])
+def test_steps_equal_the_read(inputs, ratio):
     q, k, v, mask = (x.detach() for x in inputs)
     block = Block.of(RULES["sum"], feature_map("dpfp", 8, nu=2), "sum")
     v = v.masked_fill(mask[:, None, :, None], 0.0)
-    full = aligned_read(block, 2, q, k, v, (), mask, torch.float64)
+    full = aligned_read(block, 2, ratio, q, k, v, (), mask, torch.float64)
     buffer = {}
-    steps = [aligned_step(buffer, block, 2, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1)
+    steps = [aligned_step(buffer, block, 2, ratio, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1)
              for t in range(q.size(2))]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-12, atol=1e-12)
 
@@ -115,10 +116,14 @@ def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_
                                   (6, None), (7, None), (8, None)])
 
 
-def test_recorded_where_the_cross_attention_has_fast_weights():
-    def settings(places, align):
+def test_recorded_for_fast_weight_and_softmax_cross_attention():
+    """A softmax cross-attention takes the prior too (aligned_softmax.py), so every record keeps the prior and its
+    ratio: a plain softmax model's record says 0."""
+    def settings(places, align, ratio=1.0):
         return FastWeightConfig(feature_map="dpfp", update_rule="sum", dpfp_nu=2, favor_features=16,
-                                places=frozenset(places), cross_align=align).settings()
+                                places=frozenset(places), cross_align=align, align_ratio=ratio).settings()
     assert settings({"encoder", "decoder", "cross"}, 2)["--fw-cross-align"] == "2"
-    assert "--fw-cross-align" not in settings({"encoder", "decoder"}, 0)
+    assert settings({"encoder", "decoder"}, 3, 1.5)["--fw-cross-align"] == "3"
+    assert settings({"encoder", "decoder"}, 3, 1.5)["--fw-align-ratio"] == "1.5"
+    assert settings(set(), 0) == {"--fw-attention": "none", "--fw-cross-align": "0", "--fw-align-ratio": "1"}
 

@@ -25,7 +25,7 @@ def angles(B, Tq, T, mask):
     """(a [B, Tq], b [B, T]) of target positions 0..Tq-1 over the sources of key_padding_mask (or T tokens)."""
     lengths = source_lengths(mask, B, T, DEVICE)
     target = torch.arange(Tq, device=DEVICE, dtype=torch.float64).expand(B, -1)
-    return target_angles(target, lengths), source_angles(mask, lengths, T)
+    return target_angles(target, lengths, 1.0), source_angles(mask, lengths, T)
 
 
 def reference(phi, q, k, v, order, angle, mask):

@@ -8,6 +8,7 @@ something to do.
 import hashlib
 import io
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -113,3 +114,35 @@ def prepared_spm(prepared, archives, checksums):
     """The sentencepiece variant, in the same work dir (so it reuses the shared steps)."""
     work, _ = prepared
     return work, prepare(work, archives, "--checksums", checksums, "--spm", "--spm-vocab-size", "400")
+
+
+# The softmax teacher of the conversion tests (test_convert_softmax.py, test_convert_recipe.py): a
+# transformer_vaswani_wmt_en_de_big shrunk to these dims, trained 2 updates by fairseq-train, once per run
+SHRUNK = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "48",
+          "--decoder-ffn-embed-dim", "48", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+          "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings"]
+TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--no-epoch-checkpoints", "--cpu",
+         "--seed", "1", "--log-format", "none", "--num-workers", "0"]
+
+
+def reversed_copy_corpus(work):
+    """A copy task in reverse over 30 words, binarised with a joined dictionary."""
+    r = random.Random(0)
+    for split, n in (("train", 48), ("valid", 8), ("test", 8)):
+        src = [" ".join(f"w{r.randrange(30)}" for _ in range(r.randint(3, 7))) for _ in range(n)]
+        (work / f"{split}.en").write_text("\n".join(src) + "\n")
+        (work / f"{split}.de").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
+         "--workers", "1", "--destdir", str(work / "bin"),
+         *(arg for split in ("train", "valid", "test") for arg in (f"--{split}pref", str(work / split)))])
+    return work / "bin"
+
+
+@pytest.fixture(scope="session")
+def teacher(tmp_path_factory):
+    """(work dir, data-bin, the teacher's checkpoint_last.pt)."""
+    work = tmp_path_factory.mktemp("convert")
+    data = reversed_copy_corpus(work)
+    run([str(BIN / "fairseq-train"), str(data), "--arch", "transformer_vaswani_wmt_en_de_big", *SHRUNK, *TRAIN,
+         "--max-update", "2", "--save-dir", str(work / "teacher")])
+    return work, data, work / "teacher" / "checkpoint_last.pt"

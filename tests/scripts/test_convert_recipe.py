@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 from conftest import REPO
-from test_convert_softmax import teacher  # noqa: F401  (the module's fairseq-trained softmax checkpoint)
 
 RECIPE = [sys.executable, "-m", "fw_research.convert.convert_recipe"]
 
 
-def test_the_recipe_runs_once_and_skips_what_is_done(teacher):  # noqa: F811
+def test_the_recipe_runs_once_and_skips_what_is_done(teacher):
     work, data, source = teacher
     out = work / "recipe"
     cmd = [*RECIPE, "--teacher", str(source), "--data", str(data), "--work-dir", str(out), "--distil-updates", "2",
@@ -31,7 +30,7 @@ def test_the_recipe_runs_once_and_skips_what_is_done(teacher):  # noqa: F811
     assert stamps == {path: path.stat().st_mtime_ns for path in out.rglob("*") if path.is_file()}  # nothing redone
 
 
-def test_a_failed_step_stops_in_one_line(teacher, tmp_path):  # noqa: F811
+def test_a_failed_step_stops_in_one_line(teacher, tmp_path):
     _, data, source = teacher
     done = subprocess.run([*RECIPE, "--teacher", str(source), "--data", str(data), "--work-dir", str(tmp_path),
                            "--fw-feature-map", "dpfp"], capture_output=True, text=True)

@@ -1,51 +1,23 @@
 """fw_research.convert.convert_softmax: a transformer_vaswani_wmt_en_de_big-shaped softmax checkpoint trained by
-fairseq's own code (fairseq-train, shrunk dims, a tiny corpus) converts to transformer_fw_big; every teacher tensor is
+fairseq's own code (fairseq-train, shrunk dims, a tiny corpus: conftest.py's `teacher`) converts to transformer_fw_big; every teacher tensor is
 copied, the new parameters start as the teacher (convolution 0, gate open); the result trains a few updates through
 fairseq-train --restore-file, distils through --criterion fw_attention_distillation and generates through
 fairseq-generate; its record names the teacher and survives training; a resume with other --fw-* flags is still
 refused; what cannot be mapped is refused in one line."""
-import random
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, SHRUNK, TRAIN, run
 
 import fw_fairseq  # noqa: F401  (the safe globals for torch.load)
 from fw_fairseq.models.checkpoints import CONVERTED, decode
 
 CONVERT = [sys.executable, "-m", "fw_research.convert.convert_softmax"]
-SHRUNK = ["--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "48",
-          "--decoder-ffn-embed-dim", "48", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-          "--encoder-layers", "2", "--decoder-layers", "2", "--share-all-embeddings"]
-TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--no-epoch-checkpoints", "--cpu",
-         "--seed", "1", "--log-format", "none", "--num-workers", "0"]
 RESET = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
 T2R = ["--fw-feature-map", "t2r", "--fw-t2r-features", "8"]
-
-
-def _corpus(work):
-    """A copy task in reverse over 30 words, binarised with a joined dictionary."""
-    r = random.Random(0)
-    for split, n in (("train", 48), ("valid", 8), ("test", 8)):
-        src = [" ".join(f"w{r.randrange(30)}" for _ in range(r.randint(3, 7))) for _ in range(n)]
-        (work / f"{split}.en").write_text("\n".join(src) + "\n")
-        (work / f"{split}.de").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
-    run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de", "--joined-dictionary",
-         "--workers", "1", "--destdir", str(work / "bin"),
-         *(arg for split in ("train", "valid", "test") for arg in (f"--{split}pref", str(work / split)))])
-    return work / "bin"
-
-
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-    work = tmp_path_factory.mktemp("convert")
-    data = _corpus(work)
-    run([str(BIN / "fairseq-train"), str(data), "--arch", "transformer_vaswani_wmt_en_de_big", *SHRUNK, *TRAIN,
-         "--max-update", "2", "--save-dir", str(work / "teacher")])
-    return work, data, work / "teacher" / "checkpoint_last.pt"
 
 
 def _convert(source, target, *extra):

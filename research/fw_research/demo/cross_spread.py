@@ -59,16 +59,17 @@ def weights(attn, query, key):
         phi_k = attn.block.features(k[None], is_query=False)[0]  # [H, S, E]
         scores = torch.einsum("hte,hse->hts", phi_q, phi_k)
         if attn.cross_align:
-            scores = scores * alignment(attn.cross_align, q.size(1), k.size(1))[None]
+            scores = scores * alignment(attn.cross_align, attn.align_ratio, q.size(1), k.size(1))[None]
         return scores / (scores.sum(-1, keepdim=True) + Z_EPS), v
     return torch.softmax(torch.einsum("htd,hsd->hts", q * attn.scaling, k), dim=-1), v
 
 
-def alignment(order, target_length, source_length):
-    """The aligned cross-attention's weights w(t, s) [T, S] of one unpadded source, float64."""
+def alignment(order, ratio, target_length, source_length):
+    """The aligned cross-attention's weights w(t, s) [T, S] of one unpadded source, float64 (ratio:
+    --fw-align-ratio)."""
     lengths = torch.tensor([float(source_length)], dtype=torch.float64)
     target = torch.arange(target_length, dtype=torch.float64)[None]  # [1, T]
-    factors = (align_factors(target_angles(target, lengths), order)[0],
+    factors = (align_factors(target_angles(target, lengths, ratio), order)[0],
                align_factors(source_angles(None, lengths, source_length), order)[0])  # [T, R], [S, R]
     return factors[0] @ factors[1].T
 

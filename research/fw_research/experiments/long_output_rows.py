@@ -1,8 +1,8 @@
 """The attention comparison's rows behind the translation models' long-output defaults: unlikelihood training, the
 aligned read and the delta rule in the decoder with each map, and the settings measured beside them
 (docs/long_outputs.md). attention_configs.CONFIGS holds them after its own rows."""
-from fw_research.experiments.row_flags import (ALIGN4, CONV3, DCONV3, DELTA_DEC, DPFP2, FAVOR_FIXED, SUM, UNLIKELIHOOD,
-                                              unlikelihood)
+from fw_research.experiments.row_flags import (ALIGN4, CONV3, DCONV3, DELTA_DEC, DPFP2, FAVOR_FIXED, NO_CONV, SUM,
+                                              UNLIKELIHOOD, unlikelihood)
 
 UL2 = unlikelihood("2")
 ELU, HEDGEHOG = ["--fw-feature-map", "elu"], ["--fw-feature-map", "hedgehog"]
@@ -18,6 +18,13 @@ LONG_OUTPUT_ROWS = {
     # trained with token-level unlikelihood (--criterion fw_unlikelihood, alpha 1): probability put on the
     # reference's previous tokens is pushed down in training, where the loops start (docs/long_outputs.md)
     "softmax-ul1": ("softmax", ["--fw-attention", "none", *UNLIKELIHOOD]),
+    # the baselines that have what the default has beyond fast weights: its criterion (fw_unlikelihood's alpha 2),
+    # its prior on the cross-attention (softmax adds log cos^8 to its logits), both; and the paper's blocks with the
+    # prior, so that a table separates what the fast weights add from what the criterion and the prior give
+    "softmax-ul2": ("softmax", ["--fw-attention", "none", *UL2]),
+    "softmax-align4": ("softmax", ["--fw-attention", "none", *ALIGN4]),
+    "softmax-align4-ul2": ("softmax", ["--fw-attention", "none", *ALIGN4, *UL2]),
+    "dpfp2-sum-align4": ("fast", [*DPFP2, *SUM, *ALIGN4, *NO_CONV]),
     "dpfp2-sum-ul1-vconv3": ("fast", [*DPFP2, *SUM, *CONV3, *UNLIKELIHOOD]),
     # the candidates only the last 4 tokens (--unlikelihood-window 4, the longest n-gram the loop count looks for):
     # fewer tokens pushed down as the translation grows, so the end of sentence gains less on long ones
