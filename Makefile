@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python -m fw_research.demo.demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q --durations=25 tests
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m fw_research.benchmarks.bench_ops_cpu
