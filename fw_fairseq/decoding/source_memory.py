@@ -52,14 +52,16 @@ def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
 
 def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:
     """The cached source of a read whose kernel carries the positions (ops/common/positions.py; the keys' factors
-    [B, S, R]): [B, H, S, E + R + M], phi(k), its factors and the rule's effective writes side by side, when a step
-    reads fewer values so than the memory of the R times wider features [B, H, E R, M], which it is otherwise."""
+    [B, S, R], or per head [B, H, S, R]): [B, H, S, E + R + M], phi(k), its factors and the rule's effective writes
+    side by side, when a step reads fewer values so than the memory of the R times wider features [B, H, E R, M],
+    which it is otherwise."""
     (bsz, heads, length, d_phi), width, rank = phi_k.shape, v.size(-1), factors.size(-1)
     wide = with_positions(phi_k, factors)  # [B, H, S, R E]
     if rule.writes is None or length * (d_phi + rank + width) >= d_phi * rank * width:
         return rule.write(wide, v, *scalars)
     u = rule.writes(wide if rule.key_reads else phi_k, v, *scalars)  # [B, H, S, M]
-    return torch.cat([phi_k, factors[:, None].expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
+    factors = factors[:, None] if factors.dim() == 3 else factors  # [B, 1 or H, S, R]
+    return torch.cat([phi_k, factors.expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
 
 
 def read_positioned_source(rank: int, query: Tensor, source: Tensor) -> Tensor:

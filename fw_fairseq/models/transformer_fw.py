@@ -8,6 +8,7 @@ the decoder and each of their layers are built from.
 """
 import logging
 
+import numpy as np
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (TransformerDecoder, TransformerEncoder, TransformerModel,
@@ -17,11 +18,11 @@ from fairseq.modules.transformer_layer import (TransformerDecoderLayerBase,
                                                TransformerEncoderLayerBase)
 
 from fw_fairseq.models.checkpoints import RecordsFastWeightSettings
-from fw_fairseq.models.length_ratio import settle_align_ratio
 from fw_fairseq.modules.aligned_softmax import AlignedMultiheadAttention
 from fw_fairseq.modules.fast_weight_attention import FastWeightAttention
 from fw_fairseq.modules.fast_weight_config import (FastWeightConfig, add_fast_weight_args, check_fast_weight_args,
                                                    set_fast_weight_defaults)
+from fw_fairseq.modules.fast_weight_flags import ALIGN_RATIO_OF_DATA, cli_error
 
 logger = logging.getLogger(__name__)
 # The criteria the aligned read of the source was measured with: fw_unlikelihood for training,
@@ -87,8 +88,7 @@ class FastWeightDecoderLayer(TransformerDecoderLayerBase):
 
     def build_encoder_attention(self, embed_dim, cfg):
         if not self.fw.uses("cross") and self.fw.cross_align:
-            return AlignedMultiheadAttention.like_fairseq(self, embed_dim, cfg, self.fw.cross_align,
-                                                          self.fw.align_ratio)
+            return AlignedMultiheadAttention.like_fairseq(self, embed_dim, cfg, self.fw)
         if not self.fw.uses("cross"):
             return super().build_encoder_attention(embed_dim, cfg)
         return FastWeightAttention(embed_dim, cfg.decoder.attention_heads, self.fw, causal=False,
@@ -142,8 +142,10 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        # --fw-align-ratio data: the number, before the config reads it (args saved without the flag have no
+        # `data` to count: the architecture then fills its preset value)
+        settle_align_ratio(args, task)
         transformer_fw(args)  # fill options missing from older checkpoints
-        settle_align_ratio(args, task)  # --fw-align-ratio data: the number, before the config reads it
         config = FastWeightConfig.from_args(args)  # the one parse of the --fw-* args, before any layer is built
         settings = config.settings()
         # fairseq hands build_encoder and build_decoder only its copy of the args (TransformerConfig.from_namespace
@@ -178,6 +180,37 @@ class FastWeightTransformerModel(RecordsFastWeightSettings, TransformerModel):
         """fairseq's generator tells only the model (not its decoder) the beam size; the
         cross-attention needs it to keep one source memory per sentence instead of per beam."""
         self.decoder.set_beam_size(beam_size)
+
+
+# --fw-align-ratio data: the aligned cross-attention's length ratio counted from the training split, once, when a
+# translation model is built for training. The number replaces `data` in the model's args, so that the checkpoint
+# keeps it and every later build (resuming, fairseq-generate) reads the number, not the data.
+
+
+def training_length_ratio(args, task) -> float:
+    """Target tokens over source tokens of the task's training split (each side's end-of-sentence included),
+    rounded to 3 decimals (the record spells it %g)."""
+    split = getattr(args, "train_subset", None) or "train"
+    try:
+        if split not in getattr(task, "datasets", {}):
+            task.load_dataset(split)
+        data = task.dataset(split)
+        source, target = np.asarray(data.src_sizes, dtype=np.int64), np.asarray(data.tgt_sizes, dtype=np.int64)
+    except (FileNotFoundError, KeyError, AttributeError, TypeError) as err:
+        raise cli_error(f"argument --fw-align-ratio: {ALIGN_RATIO_OF_DATA} counts the tokens of the training split "
+                        f"{split!r}, which this task cannot give ({type(err).__name__}: {err}); allowed: a number "
+                        "> 0") from None
+    if source.sum() == 0 or target.sum() == 0:
+        raise cli_error(f"argument --fw-align-ratio: the training split {split!r} has no tokens to count; allowed: "
+                        "a number > 0")
+    return round(float(target.sum()) / float(source.sum()), 3)
+
+
+def settle_align_ratio(args, task) -> None:
+    """Replace --fw-align-ratio data in args by the training split's ratio (args of a translation model, filled by
+    or as given on the command line); a number stays as it is."""
+    if str(getattr(args, "fw_align_ratio", None)) == ALIGN_RATIO_OF_DATA:
+        args.fw_align_ratio = training_length_ratio(args, task)
 
 
 def settle_fast_weight_args(args):

@@ -3,7 +3,8 @@ of target position i over source position j gains log w(i, j) = 2P log cos((a_i 
 aligned fast-weight cross-attention multiplies its scores by (cross_align.py: the same angles, the same
 --fw-align-ratio). Softmax then weighs the source by w(i, j) exp(q_i . k_j): a baseline with the prior the fast
 weights have, so that a comparison tells what the fast weights add beyond it. Decoding adds one [B, 1, S] bias a
-step; the step's position is one count for all hypotheses (a beam search advances them together).
+step; the step's position is one count for all hypotheses (a beam search advances them together). Heads free of
+the prior (--fw-align-free-heads) get no bias.
 """
 from typing import Dict, Optional
 
@@ -31,18 +32,20 @@ class AlignedMultiheadAttention(MultiheadAttention):
     """fairseq's encoder-decoder attention with log w(i, j) added to its logits (fairseq's apply_sparse_mask hook,
     called on the logits [B * H, T, S] before the padding mask)."""
 
-    def __init__(self, embed_dim, num_heads, order: int, ratio: float, **kwargs):
+    def __init__(self, embed_dim, num_heads, order: int, ratio: float, free_heads: int = 0, **kwargs):
         super().__init__(embed_dim, num_heads, encoder_decoder_attention=True, **kwargs)
-        self.align_order, self.align_ratio = order, float(ratio)
-        self._bias: Optional[Tensor] = None  # the forward's log window [B, T, S], for apply_sparse_mask
+        self.align_order, self.align_ratio, self.align_free_heads = order, float(ratio), free_heads
+        self._bias: Optional[Tensor] = None  # the forward's log window [B, 1 or H, T, S], for apply_sparse_mask
 
     @classmethod
-    def like_fairseq(cls, layer, embed_dim, cfg, order: int, ratio: float) -> "AlignedMultiheadAttention":
-        """Built as fairseq's decoder layer builds its encoder attention (TransformerDecoderLayerBase)."""
+    def like_fairseq(cls, layer, embed_dim, cfg, fw) -> "AlignedMultiheadAttention":
+        """Built as fairseq's decoder layer builds its encoder attention (TransformerDecoderLayerBase), with the
+        prior of the FastWeightConfig fw."""
         if cfg.encoder.xformers_att_config is not None:
             raise cli_error("argument --fw-cross-align: a softmax cross-attention with the prior computes its own "
                             "logits; allowed with --encoder-xformers-att-config: 0")
-        return cls(embed_dim, cfg.decoder.attention_heads, order, ratio, kdim=cfg.encoder.embed_dim,
+        return cls(embed_dim, cfg.decoder.attention_heads, fw.cross_align, fw.align_ratio, fw.align_free_heads,
+                   kdim=cfg.encoder.embed_dim,
                    vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout, q_noise=layer.quant_noise,
                    qn_block_size=layer.quant_noise_block_size)
 
@@ -54,7 +57,11 @@ class AlignedMultiheadAttention(MultiheadAttention):
         src_len = key_padding_mask.size(1) if key_padding_mask is not None else key.size(0)
         positions = self._target_positions(incremental_state, tgt_len, query.device).expand(bsz, -1)  # [B, T]
         angles = aligned_angles(key_padding_mask, bsz, src_len, positions, self.align_ratio)
-        self._bias = aligned_log_window(self.align_order, angles).to(query.dtype)  # [B, T, S]
+        bias = aligned_log_window(self.align_order, angles).to(query.dtype)[:, None]  # [B, 1, T, S]
+        if self.align_free_heads:
+            bias = bias.repeat(1, self.num_heads, 1, 1)  # [B, H, T, S]
+            bias[:, self.num_heads - self.align_free_heads:] = 0.0
+        self._bias = bias
         # static keys (the source, as fairseq's decoder passes them) also keep fairseq off torch's fused attention,
         # which would skip apply_sparse_mask
         kwargs["static_kv"] = True
@@ -80,5 +87,5 @@ class AlignedMultiheadAttention(MultiheadAttention):
         """The logits [B * H, T, S] (queries' batch-major, as fairseq lays them out) plus the log window."""
         if self._bias is None:
             return attn_weights
-        logits = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + self._bias[:, None]
+        logits = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + self._bias
         return logits.view(bsz * self.num_heads, tgt_len, src_len)

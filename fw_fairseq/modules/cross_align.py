@@ -15,7 +15,8 @@ factors to the rule's read (UpdateRule.attend's positions): its short order weig
 the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches
 the source's factors beside its keys, or the memory of phi' (source_memory.py). A target position past the
 source's length aligns with its last token (the end-of-sentence marker). A softmax cross-attention adds log w to its
-logits instead (aligned_softmax.py).
+logits instead (aligned_softmax.py). With --fw-align-free-heads F the last F heads read without the prior: their
+factors are (1, 0, ..., 0), so w = 1 for them and the read of every head keeps one width.
 """
 import math
 from functools import partial
@@ -38,6 +39,18 @@ def align_factors(angle: Tensor, order: int) -> Tensor:
         scale = math.sqrt(2 * math.comb(2 * order, order + k) / 4 ** order)
         parts += [scale * torch.cos(k * angle), scale * torch.sin(k * angle)]
     return torch.cat(parts, dim=-1)
+
+
+def free_head_factors(factors: Tensor, heads: int, free: int) -> Tensor:
+    """Positional factors [B, T, R] of every head -> per head [B, H, T, R], the last `free` heads' (1, 0, ..., 0):
+    g . h = 1 there, the plain read; [B, T, R] as it is where no head is free."""
+    if free == 0:
+        return factors
+    plain = torch.zeros_like(factors)
+    plain[..., 0] = 1.0
+    per_head = factors[:, None].expand(-1, heads, -1, -1).clone()  # [B, H, T, R]
+    per_head[:, heads - free:] = plain[:, None]
+    return per_head
 
 
 def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
@@ -72,33 +85,38 @@ def aligned_angles(key_padding_mask: Optional[Tensor], batch: int, src_len: int,
 
 
 def aligned_read(block, order: int, ratio: float, q: Tensor, keys: Tensor, v: Tensor, scalars,
-                 key_padding_mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+                 key_padding_mask: Optional[Tensor], dtype: torch.dtype, free: int = 0) -> Tensor:
     """Training and validation: queries q [B, H, T, d] at target positions 0..T-1 read the aligned source written by
-    keys, v [B, H, S, d] -> [B, H, T, D]. The heads are raw, half where the fused GPU read may take them
-    (fused_read/dispatch.py: it weighs the scores on chip); every other path computes in dtype."""
-    bsz, _, src_len, _ = keys.shape
+    keys, v [B, H, S, d] -> [B, H, T, D], the last `free` heads without the prior. The heads are raw, half where the
+    fused GPU read may take them (fused_read/dispatch.py: it weighs the scores on chip, every head alike); every
+    other path computes in dtype."""
+    bsz, heads, src_len, _ = keys.shape
     target = torch.arange(q.size(2), device=q.device, dtype=torch.float64).expand(bsz, -1)  # [B, T]
     angles = aligned_angles(key_padding_mask, bsz, src_len, target, ratio)  # [B, T], [B, S]
-    o = fused_aligned_read_for(block.phi, block.rule, order, angles, q, keys, v, key_padding_mask)
+    o = None if free else fused_aligned_read_for(block.phi, block.rule, order, angles, q, keys, v, key_padding_mask)
     if o is not None:
         return o
     q, keys, v = (x.to(dtype) for x in (q, keys, v))
-    factors = tuple(align_factors(angle, order) for angle in angles)  # [B, T, R], [B, S, R]
+    # [B, T, R], [B, S, R]; per head [B, H, T, R], [B, H, S, R]
+    factors = tuple(free_head_factors(align_factors(angle, order), heads, free) for angle in angles)
     return block.read_out(block.rule.attend(block.features(q, is_query=True), block.features(keys, is_query=False),
                                             block.values(v, key_padding_mask), *scalars, positions=factors))
 
 
 def aligned_step(buffer: dict, block, order: int, ratio: float, q: Tensor, source,
-                 key_padding_mask: Optional[Tensor], beam: int) -> Tensor:
+                 key_padding_mask: Optional[Tensor], beam: int, free: int = 0) -> Tensor:
     """Generation: the aligned source written once, at the first step, from `source` (keys, v [B / beam, H, S, d],
     scalars), one row per sentence of `beam` hypotheses, and read by queries q [B, H, T, d] at the next T target
-    positions of each hypothesis. The buffer keeps each hypothesis's source length and position ([B], reordered
-    with the hypotheses)."""
+    positions of each hypothesis, the last `free` heads without the prior. The buffer keeps each hypothesis's source
+    length and position ([B], reordered with the hypotheses)."""
+    heads = q.size(1)
     if buffer.get("memory") is None:
         keys, v, scalars = source
         rows, _, src_len, _ = keys.shape
         lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
-        factors = align_factors(source_angles(key_padding_mask, lengths, src_len), order)  # [B / beam, S, R]
+        # [B / beam, S, R] (per head: [B / beam, H, S, R])
+        factors = free_head_factors(align_factors(source_angles(key_padding_mask, lengths, src_len), order), heads,
+                                    free)
         memory = write_positioned_source(block.rule, block.features(keys, is_query=False), factors,
                                          block.values(v, key_padding_mask), *scalars)
         buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
@@ -108,6 +126,7 @@ def aligned_step(buffer: dict, block, order: int, ratio: float, q: Tensor, sourc
     buffer["align_position"] = buffer["align_position"] + q.size(2)
     phi_q = block.features(q, is_query=True)  # [B, H, T, E]
     factors = align_factors(target_angles(positions, buffer["align_lengths"], ratio), order)  # [B, T, R]
-    query = torch.cat([phi_q, factors[:, None].expand(-1, q.size(1), -1, -1).to(phi_q.dtype)], dim=-1)
+    factors = free_head_factors(factors, heads, free) if free else factors[:, None].expand(-1, heads, -1, -1)
+    query = torch.cat([phi_q, factors.to(phi_q.dtype)], dim=-1)  # [B, H, T, E + R]
     return block.read_out(read_per_sentence(partial(read_positioned_source, factors.size(-1)), query,
                                             buffer["memory"]))

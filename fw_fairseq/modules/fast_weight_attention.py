@@ -93,6 +93,7 @@ class FastWeightAttention(nn.Module):
         self.delta_norm = config.delta_norm  # the normalisation of phi where the rule has one
         self.cross_align = config.cross_align if self.path == CROSS else 0  # --fw-cross-align
         self.align_ratio = float(config.align_ratio)  # --fw-align-ratio (a number once the model is built)
+        self.align_free_heads = config.align_free_heads  # --fw-align-free-heads: the last heads read without it
 
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(self.kdim, embed_dim)
@@ -245,10 +246,10 @@ class FastWeightAttention(nn.Module):
             if self.cross_align and cached:
                 source = None if writes is None else (writes.keys.to(dtype), writes.v.to(dtype), writes.scalars)
                 o = aligned_step(buffer, self.block, self.cross_align, self.align_ratio, q_heads.to(dtype), source,
-                                 key_padding_mask, beam)
+                                 key_padding_mask, beam, self.align_free_heads)
             elif self.cross_align:
                 o = aligned_read(self.block, self.cross_align, self.align_ratio, q_heads, writes.keys, writes.v,
-                                 writes.scalars, key_padding_mask, dtype)
+                                 writes.scalars, key_padding_mask, dtype, self.align_free_heads)
             elif cached:  # the source is written once, at the first step (writes None after it)
                 o = source_step(buffer, self.block, q_heads, writes, key_padding_mask, beam)
             elif buffer is not None and self.path == CAUSAL:

@@ -51,8 +51,9 @@ def check_fast_weight_args(args, shapes: Dict[str, Tuple[Tuple[int, str], Tuple[
                            layers: Dict[str, Tuple[int, str]]):
     """Reject, as argument errors, what only several flags can judge: heads that do not divide the model dim, a DPFP
     nu beyond 2*d_key-1 of a fast-weight block, a per-layer --fw-{place}-rule whose count of rules is not the
-    block's count of layers, and --fw-decoder-positions none over a softmax decoder self-attention (which needs the
-    positions to order the target). `shapes` maps each block to ((model dim, its flag), (heads, its flag)), `layers`
+    block's count of layers, free heads of the cross-attention's prior without the prior or with no head left to
+    it, and --fw-decoder-positions none over a softmax decoder self-attention (which needs the positions to order
+    the target). `shapes` maps each block to ((model dim, its flag), (heads, its flag)), `layers`
     to (layers, its flag); architectures call this, so that fairseq runs it while it parses the arguments."""
     places = places_of(args.fw_attention)
     for place, ((dim, dim_flag), (heads, heads_flag)) in shapes.items():
@@ -69,6 +70,13 @@ def check_fast_weight_args(args, shapes: Dict[str, Tuple[Tuple[int, str], Tuple[
         if len(rules) > 1 and len(rules) != count:
             raise cli_error(f"argument --fw-{place}-rule: {len(rules)} rules for {flag} {count}; allowed: one "
                             f"rule, or one per layer ({count})")
+    free, cross_heads = int(args.fw_align_free_heads), shapes.get("cross", ((0, ""), (1, "")))[1]
+    if free and not int(args.fw_cross_align):
+        raise cli_error(f"argument --fw-align-free-heads: {free} heads free of a prior that --fw-cross-align 0 "
+                        "turns off; allowed with --fw-cross-align 0: 0")
+    if free >= cross_heads[0]:
+        raise cli_error(f"argument --fw-align-free-heads: {free} free heads leave none of {cross_heads[1]} "
+                        f"{cross_heads[0]} with the prior; allowed: 0..{cross_heads[0] - 1}")
     if args.fw_decoder_positions == "none" and "decoder" not in places:
         raise cli_error("argument --fw-decoder-positions: none needs fast-weight decoder self-attention (decoder in "
                         f"--fw-attention, here {args.fw_attention}); allowed with a softmax decoder: absolute")

@@ -114,7 +114,7 @@ def parse_encoder_conv(text: str) -> int:
 
 def parse_align_ratio(text: str) -> Union[float, str]:
     """An `--fw-align-ratio` value: a number > 0 (kept as a float; the record spells it %g), or `data`, which the
-    model's build replaces by the training split's ratio (length_ratio.py)."""
+    model's build replaces by the training split's ratio (models/transformer_fw.py, settle_align_ratio)."""
     if text.strip() == ALIGN_RATIO_OF_DATA:
         return ALIGN_RATIO_OF_DATA
     try:

@@ -160,6 +160,13 @@ FLAGS = (
          "target tokens over its source tokens, counted when the model is built (the checkpoint keeps the number)",
          dict(type=parse_align_ratio, metavar="{R,data}"), before=1.0, recorded=lambda blocks: True,
          unrecorded="1", value=lambda config: f"{config.align_ratio:g}"),
+    # heads free of a fixed cross-attention prior: You et al. (2020) and Rios et al. (2021) find that one fixed for
+    # every head hurts unless some heads stay free
+    Flag("--fw-align-free-heads", "align_free_heads", "the last F heads of each cross-attention read the source "
+         "without the --fw-cross-align prior, the others with it: 0 (every head takes it) to the heads less one. "
+         "A fast-weight cross-attention with free heads takes the PyTorch read, not the fused GPU read",
+         dict(type=int_at_least("--fw-align-free-heads", 0), metavar="F"), before=0, recorded=lambda blocks: True,
+         unrecorded="0"),
 )
 BY_NAME = {flag.name: flag for flag in FLAGS}
 
@@ -183,7 +190,8 @@ PAPER = {"--fw-feature-map": "dpfp", "--fw-update-rule": "sum", "--fw-dpfp-nu": 
          "--fw-attention": "encoder,decoder,cross", "--fw-delta-beta-max": 1, "--fw-delta-norm": "sum",
          "--fw-beta-bias": 0.0, "--fw-t2r-features": 32, "--fw-hedgehog-trainable": False,
          "--fw-favor-redraw": "batch", "--fw-output-gate": "none", "--fw-encoder-conv": 0, "--fw-decoder-conv": 0,
-         "--fw-decoder-positions": "absolute", "--fw-cross-align": 0, "--fw-align-ratio": 1.0}
+         "--fw-decoder-positions": "absolute", "--fw-cross-align": 0, "--fw-align-ratio": 1.0,
+         "--fw-align-free-heads": 0}
 PRESETS = {
     "translation": {
         **PAPER,

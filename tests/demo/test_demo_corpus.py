@@ -137,3 +137,12 @@ def test_joined_pairs_use_each_training_pair_once_in_order():
     assert joined[0] == (join([e for e, _ in pairs[:3]]), join([d for _, d in pairs[:3]]))
     restarted = long_messages.joined_pairs([(_words(15, "a"), "x"), (_words(30, "b"), "y"), (_words(2, "c"), "z")])
     assert restarted == [(join([_words(30, "b")]), "y.")]  # 15 + 30 > 40: the run restarts at the 30 words
+
+
+def test_the_joined_training_split_joins_catalog_messages_into_20_to_60_words():
+    lengths = [2, 12, 7, 3, 9, 11, 5, 8, 4, 10, 6, 12, 2, 3]  # catalog messages: 2-12 words
+    pairs = [(_words(n, f"e{i}_"), _words(n, f"d{i}_")) for i, n in enumerate(lengths)]
+    joined = long_messages.joined_pairs(pairs, long_messages.JOINED_WORDS)
+    assert long_messages.JOINED_WORDS == (20, 60)
+    # 2 + 12 + 7 = 21; 3 + 9 + 11 = 23; 5 + 8 + 4 + 10 = 27; the last 6 + 12 + 2 = 20
+    assert [len(en.split()) for en, _ in joined] == [21, 23, 27, 20]

@@ -23,8 +23,10 @@ def dpfp_checkpoint(data_bin, tmp_path_factory):
     (["--fw-feature-map", "elu"], "--fw-feature-map dpfp, not elu"),
     (["--fw-dpfp-nu", "2"], "--fw-dpfp-nu 1, not 2"),
     (["--fw-delta-beta-max", "2"], "--fw-delta-beta-max 1, not 2"),
+    # the translation preset's prior follows the cross-attention (4 with fast weights, 0 with softmax),
+    # so the refusal names both settings that differ from the checkpoint's
     (["--fw-attention", "encoder,decoder"],
-     "--fw-attention encoder,decoder,cross, not encoder,decoder"),
+     "--fw-attention encoder,decoder,cross, not encoder,decoder; --fw-cross-align 4, not 0"),
 ])
 def test_resume_refuses_other_attention_settings(data_bin, dpfp_checkpoint, tmp_path, changed,
                                                  refusal):

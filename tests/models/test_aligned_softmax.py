@@ -1,6 +1,7 @@
 """A softmax cross-attention with --fw-cross-align P: its weights are softmax's times the aligned window w(i, j),
 renormalised; generation's steps add the teacher-forced forward's prior (float64, exactly) and decode as it trains;
 a plain softmax model and args saved before the prior stay plain (the prior's ratio: tests/e2e/test_align_ratio.py)."""
+import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
@@ -21,9 +22,12 @@ def padded_source(batch_lengths, dim, generator):
     return torch.randn(longest, len(batch_lengths), dim, generator=generator, dtype=torch.float64), mask
 
 
-def test_weights_are_softmax_times_the_window():
+@pytest.mark.parametrize("free", [0, 1])
+def test_weights_are_softmax_times_the_window(free):
+    """Every head's weights are softmax's times the window, renormalised; a head free of the prior
+    (--fw-align-free-heads) keeps softmax's."""
     g = torch.Generator().manual_seed(0)
-    aligned = AlignedMultiheadAttention(8, 2, 3, 1.5).double()
+    aligned = AlignedMultiheadAttention(8, 2, 3, 1.5, free).double()
     plain = MultiheadAttention(8, 2, encoder_decoder_attention=True).double()
     plain.load_state_dict(aligned.state_dict())
     source, mask = padded_source([6, 4, 5], 8, g)
@@ -32,6 +36,7 @@ def test_weights_are_softmax_times_the_window():
                     need_head_weights=True)[1].double() for attn in (aligned, plain)]  # [H, B, T, S]
     positions = torch.arange(7, dtype=torch.float64).expand(3, -1)
     window = aligned_log_window(3, aligned_angles(mask, 3, 6, positions, 1.5)).exp()  # [B, T, S]
+    window = torch.stack([window, torch.ones_like(window) if free else window])  # [H, B, T, S]
     expected = weights[1] * window
     torch.testing.assert_close(weights[0], expected / expected.sum(-1, keepdim=True), **FAIRSEQ_SOFTMAX)
 
@@ -54,7 +59,7 @@ def test_steps_add_the_teacher_forced_prior_and_decode_as_it_trains():
     src_lengths = (src != d.pad()).sum(1)
     full, _ = model(src, src_lengths, prev)
     steps = decode_step_by_step(model, prev, model.encoder(src, src_lengths=src_lengths))
-    torch.testing.assert_close(torch.cat(biases[1:], dim=1), biases[0], rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(biases[1:], dim=2), biases[0], rtol=0, atol=0)  # [B, 1, T, S]
     torch.testing.assert_close(steps, full, **FAIRSEQ_SOFTMAX)
 
 

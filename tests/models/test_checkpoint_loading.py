@@ -50,18 +50,20 @@ def test_state_dict_records_what_the_attention_computes():
         "--fw-delta-beta-max": "0.25", "--fw-delta-norm": "l2",  # the translation models' defaults with FAVOR+
         "--fw-output-gate": "none", "--fw-encoder-conv": "3",  # 3: the translation models' default
         "--fw-decoder-conv": "3", "--fw-cross-align": "4",  # the translation models' defaults with FAVOR+
-        "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
+        "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1",
+        "--fw-align-free-heads": "0"}
     summed, _ = build_model(["--fw-feature-map", "elu", "--fw-update-rule", "sum", "--fw-decoder-rule", "sum",
                              "--fw-delta-beta-max", "2"])
     # the sum rule has no beta: its record leaves the flag out
     assert decode(summed.state_dict()[RECORD]) == {
         "--fw-attention": "encoder,decoder,cross", "--fw-feature-map": "elu",
         "--fw-update-rule": "sum", "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0",
-        "--fw-cross-align": "4", "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
+        "--fw-cross-align": "4", "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1",
+        "--fw-align-free-heads": "0"}
     # softmax: no map or rule; the prior, which softmax cross-attention takes too (off: the preset's for softmax)
     softmax, _ = build_model(["--fw-attention", "none", "--fw-feature-map", "elu"])
     assert decode(softmax.state_dict()[RECORD]) == {"--fw-attention": "none", "--fw-cross-align": "0",
-                                                    "--fw-align-ratio": "1"}
+                                                    "--fw-align-ratio": "1", "--fw-align-free-heads": "0"}
 
 
 def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
@@ -71,7 +73,8 @@ def test_record_names_each_blocks_rule_whichever_way_it_was_spelled():
              "--fw-encoder-rule": "sum", "--fw-decoder-rule": "delta", "--fw-cross-rule": "sum",
              "--fw-dpfp-nu": "1", "--fw-delta-beta-max": "1", "--fw-delta-norm": "l2",
              "--fw-output-gate": "none", "--fw-encoder-conv": "3", "--fw-decoder-conv": "0", "--fw-cross-align": "4",
-             "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}
+             "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1",
+             "--fw-align-free-heads": "0"}
     for flags in (["--fw-update-rule", "sum", "--fw-decoder-rule", "delta"],
                   ["--fw-update-rule", "delta", "--fw-encoder-rule", "sum", "--fw-cross-rule", "sum"]):
         model, _ = build_model(["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", "--fw-delta-norm", "l2",

@@ -68,6 +68,21 @@ def test_aligned_read_is_the_weighted_read(inputs, order, ratio):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
+def test_free_heads_read_without_the_prior(inputs):
+    """--fw-align-free-heads 1 of 2: the first head reads as with the prior, the second as the plain read (w = 1),
+    outputs and gradients."""
+    q, k, v, mask = inputs
+    phi = feature_map("dpfp", 8, nu=2)
+    block = Block.of(RULES["sum"], phi, "sum")
+    v_written = v.masked_fill(mask[:, None, :, None], 0.0)
+    out = aligned_read(block, 3, 1.5, q, k, v_written, (), mask, torch.float64, free=1)
+    ref = torch.cat([naive_read(phi, q, k, v, mask, 3, 1.5)[:, :1], naive_read(phi, q, k, v, mask, 0)[:, 1:]], 1)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
 def test_aligned_features_keep_the_norm_and_weigh_by_the_window():
     """An L2-normalised phi (a delta rule's) stays normalised: the binomial weights sum to 4^P; and the factors'
     product is the window cos^(2P)((a - b) / 2)."""
@@ -80,26 +95,28 @@ def test_aligned_features_keep_the_norm_and_weigh_by_the_window():
         torch.testing.assert_close(factors @ factors.transpose(-1, -2), window)
 
 
-@pytest.mark.parametrize("ratio", [1.0, 1.5])
-def test_steps_equal_the_read(inputs, ratio):
+@pytest.mark.parametrize("ratio,free", [(1.0, 0), (1.5, 0), (1.5, 1)])
+def test_steps_equal_the_read(inputs, ratio, free):
     q, k, v, mask = (x.detach() for x in inputs)
     block = Block.of(RULES["sum"], feature_map("dpfp", 8, nu=2), "sum")
     v = v.masked_fill(mask[:, None, :, None], 0.0)
-    full = aligned_read(block, 2, ratio, q, k, v, (), mask, torch.float64)
+    full = aligned_read(block, 2, ratio, q, k, v, (), mask, torch.float64, free)
     buffer = {}
-    steps = [aligned_step(buffer, block, 2, ratio, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1)
+    steps = [aligned_step(buffer, block, 2, ratio, q[:, :, t:t + 1], (k, v, ()) if t == 0 else None, mask, 1, free)
              for t in range(q.size(2))]
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-12, atol=1e-12)
 
 
 # the short sources' cached form (keys' features, their factors and writes) and the memory's (source_memory.py:
 # from S (E + R + M) >= E R M, S >= 61-64 here); the sum rule and the delta rule over the source
-@pytest.mark.parametrize("lengths,cross_rule", [([7, 3, 5], "sum"), ([70, 9, 33], "sum"), ([7, 3, 5], "delta"),
-                                                ([70, 9, 33], "delta")])
-def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_rule):
+@pytest.mark.parametrize("lengths,cross_rule,free", [([7, 3, 5], "sum", "0"), ([70, 9, 33], "sum", "0"),
+                                                     ([7, 3, 5], "delta", "0"), ([70, 9, 33], "delta", "0"),
+                                                     ([7, 3, 5], "delta", "1"), ([70, 9, 33], "sum", "1")])
+def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_rule, free):
     """Left-padded sources of different lengths, fairseq's beam layout, a reorder within sentences, then one that
-    mixes them: every step equals the forward over the whole prefix."""
-    model, d = build_model(FW + ["--fw-cross-align", "2", "--fw-cross-rule", cross_rule])
+    mixes them: every step equals the forward over the whole prefix (with a head free of the prior too)."""
+    model, d = build_model(FW + ["--fw-cross-align", "2", "--fw-cross-rule", cross_rule,
+                                 "--fw-align-free-heads", free])
     beam, longest = 2, max(lengths)
     model.set_beam_size(beam)
     g = torch.Generator().manual_seed(4)
@@ -117,13 +134,14 @@ def test_generation_equals_teacher_forced_with_padding_and_beams(lengths, cross_
 
 
 def test_recorded_for_fast_weight_and_softmax_cross_attention():
-    """A softmax cross-attention takes the prior too (aligned_softmax.py), so every record keeps the prior and its
-    ratio: a plain softmax model's record says 0."""
+    """A softmax cross-attention takes the prior too (aligned_softmax.py), so every record keeps the prior, its
+    ratio and its free heads: a plain softmax model's record says 0."""
     def settings(places, align, ratio=1.0):
         return FastWeightConfig(feature_map="dpfp", update_rule="sum", dpfp_nu=2, favor_features=16,
                                 places=frozenset(places), cross_align=align, align_ratio=ratio).settings()
     assert settings({"encoder", "decoder", "cross"}, 2)["--fw-cross-align"] == "2"
     assert settings({"encoder", "decoder"}, 3, 1.5)["--fw-cross-align"] == "3"
     assert settings({"encoder", "decoder"}, 3, 1.5)["--fw-align-ratio"] == "1.5"
-    assert settings(set(), 0) == {"--fw-attention": "none", "--fw-cross-align": "0", "--fw-align-ratio": "1"}
+    assert settings(set(), 0) == {"--fw-attention": "none", "--fw-cross-align": "0", "--fw-align-ratio": "1",
+                                  "--fw-align-free-heads": "0"}
 

@@ -141,7 +141,8 @@ def test_later_flags_fill_only_what_the_table_knows():
     filled = with_later_flags(old)
     assert filled == {**old, "--fw-delta-norm": "sum", "--fw-delta-beta-max": "1", "--fw-output-gate": "none",
                       "--fw-encoder-conv": "0", "--fw-decoder-conv": "0", "--fw-cross-align": "0",
-                      "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1"}  # --fw-favor-redraw: unknown
+                      "--fw-decoder-positions": "absolute", "--fw-align-ratio": "1",
+                      "--fw-align-free-heads": "0"}  # --fw-favor-redraw: unknown
 
 
 @pytest.mark.parametrize("attr, value, message", [

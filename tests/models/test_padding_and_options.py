@@ -59,6 +59,7 @@ def test_right_padded_targets_do_not_touch_real_positions():
     ("--fw-decoder-conv", "-1", "allowed: an integer >= 0"),
     ("--fw-cross-align", "-1", "allowed: an integer >= 0"),
     ("--fw-cross-align", "two", "allowed: an integer >= 0"),
+    ("--fw-align-free-heads", "-1", "allowed: an integer >= 0"),
 ])
 def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
     with pytest.raises(SystemExit):
@@ -76,6 +77,10 @@ def test_bad_flags_are_rejected_at_parsing(flag, value, allowed, capsys):
      "--decoder-embed-dim 32 / --decoder-attention-heads 2 = 16); allowed: 1..31"),
     (["--decoder-attention-heads", "3"], "error: argument --decoder-attention-heads: 3 heads do "
      "not divide --decoder-embed-dim 32; allowed: a divisor of 32"),
+    (["--fw-align-free-heads", "2"], "error: argument --fw-align-free-heads: 2 free heads leave none of "
+     "--decoder-attention-heads 2 with the prior; allowed: 0..1"),
+    (["--fw-align-free-heads", "1", "--fw-cross-align", "0"], "error: argument --fw-align-free-heads: 1 heads free "
+     "of a prior that --fw-cross-align 0 turns off; allowed with --fw-cross-align 0: 0"),
 ])
 def test_shape_errors_stop_at_parsing(extra, message):
     """fairseq runs the architecture while parsing: these exit there, in argparse's format."""

@@ -16,5 +16,7 @@ def with_positions(x, factors):
 
 
 def position_weight(q_factors, k_factors):
-    """The positional weight g(i) . h(j) of queries' factors [B, Tq, R] and keys' [B, T, R] -> [B, 1, Tq, T]."""
-    return (q_factors @ k_factors.transpose(-1, -2))[:, None]
+    """The positional weight g(i) . h(j) of queries' factors [B, Tq, R] and keys' [B, T, R] -> [B, 1, Tq, T] (per
+    head, [B, H, Tq, R] and [B, H, T, R] -> [B, H, Tq, T])."""
+    weight = q_factors @ k_factors.transpose(-1, -2)
+    return weight[:, None] if weight.dim() == 3 else weight

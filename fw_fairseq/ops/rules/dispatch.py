@@ -60,10 +60,10 @@ def attend(rule, fn, q, k, v, scalars, positions=None):
     hand-written backward). q [B, H, Tq, E], k [B, H, T, E], v [B, H, T, M], scalars {name: [B, H, T]}
     -> o [B, H, Tq, M].
 
-    positions: None, or the positional factors (of q [B, Tq, R], of k [B, T, R]) of a kernel that carries the
-    positions (ops/common/positions.py): the memory order writes and reads features R times wider; the short
-    order weighs its scores by them, and hands the rule the wide keys only where its writes read the memory at
-    their key (rule.key_reads)."""
+    positions: None, or the positional factors (of q [B, Tq, R], of k [B, T, R], or per head [B, H, Tq, R] and
+    [B, H, T, R]) of a kernel that carries the positions (ops/common/positions.py): the memory order writes and
+    reads features R times wider; the short order weighs its scores by them, and hands the rule the wide keys only
+    where its writes read the memory at their key (rule.key_reads)."""
     _, k, v, scalar_list, _ = _check_causal(fn, k, k, v, scalars, None, names=("k", "k", "v"))
     check_tensor(fn, "q", q, "[B, H, Tq, E]", sizes=(*k.shape[:2], None, k.shape[-1]))
     # one dtype for q and the memory, so that both orders compute in the same precision

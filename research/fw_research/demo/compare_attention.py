@@ -13,8 +13,8 @@ length, and the number cut at generation's length limit and how many of those lo
     python -m fw_research.demo.compare_attention [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
     python -m fw_research.demo.compare_attention --report-only   # table and plot again from the stored results
     python -m fw_research.demo.compare_attention --train-joined  # train on the training split plus its pairs
-                                                                 # joined into long messages (same dictionary and
-                                                                 # test splits)
+                                                                 # joined into messages of 20-60 words (same
+                                                                 # dictionary and test splits)
 
 Writes results/compare_attention/{preset}_u{updates}.json (every run: curve, BLEU, lengths, seconds per update),
 .md (the table) and .png (the valid-loss curves); runs that finished are kept in --work-dir and skipped
@@ -60,7 +60,7 @@ def parse_args(argv=None):
                         help="also translate the test split with the --lenpen of these that scores best on the "
                              "valid split, per run (a second BLEU column; the first keeps --lenpen 0.6 for all)")
     parser.add_argument("--train-joined", action="store_true",
-                        help="train on the training split plus its pairs joined into long messages of 16-40 words "
+                        help="train on the training split plus its pairs joined into messages of 20-60 words "
                              "(catalog_corpus.make_joined_train; the same dictionary and test splits), results "
                              "as {preset}_joined_u{updates}")
     parser.add_argument("--report-only", action="store_true",

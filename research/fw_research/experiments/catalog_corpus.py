@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sacremoses import MosesTokenizer
 
-from fw_research.experiments.long_messages import joined_pairs, long_pairs, split_long
+from fw_research.experiments.long_messages import JOINED_WORDS, joined_pairs, long_pairs, split_long
 
 BIN = Path(sys.executable).parent
 LOCALE_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
@@ -198,14 +198,15 @@ def make_long_subwords(work, what="corpus"):
 
 def make_joined_train(work, source, what="corpus"):
     """A work directory whose training split is `source`'s plus its training pairs joined (joined_pairs, each pair
-    used once more, in a long message), everything else `source`'s: the same test, valid and long splits, BPE codes
-    and dictionary (the joined pairs are tokenised and cut with those codes, then binarised with that dictionary).
-    Only training sentences are joined: no test, valid or long message reaches training."""
+    used once more, in a message of JOINED_WORDS English words), everything else `source`'s: the same test, valid
+    and long splits, BPE codes and dictionary (the joined pairs are tokenised and cut with those codes, then
+    binarised with that dictionary). Only training sentences are joined: no test, valid or long message reaches
+    training."""
     raw, tok, bpe, data = (work / d for d in ("raw", "tok", "bpe", "data-bin"))
     for folder in (raw, tok, bpe, data):
         folder.mkdir(parents=True, exist_ok=True)
     train = list(zip(*((source / f"raw/train.{lang}").read_text().splitlines() for lang in ("en", "de"))))
-    joined = joined_pairs(train)
+    joined = joined_pairs(train, JOINED_WORDS)
     (raw / "joined.en").write_text("".join(en + "\n" for en, _ in joined))
     (raw / "joined.de").write_text("".join(de + "\n" for _, de in joined))
     _tokenize_splits(raw, tok, ("joined",))

@@ -5,11 +5,14 @@ Pure text, no files (catalog_corpus writes and binarises what these choose):
   long_pairs    catalog messages of LONG_WORDS English words, and messages joined from consecutive entries of one
                 catalog up to that length
   split_long    test_long and valid_long from those, natural messages first
-  joined_pairs  consecutive pairs of a list joined into long messages (the joined training split)
+  joined_pairs  consecutive pairs of a list joined into long messages (the joined training split: JOINED_WORDS)
 """
 import random
 
 LONG_WORDS = (16, 40)  # a long message's English words: from WMT's sentence lengths (about 25 on average)
+# a joined training message's English words: sentences as long as the longer half of WMT14's, none as short as a
+# catalog message
+JOINED_WORDS = (20, 60)
 
 
 def _long_enough_de(en, de):
