@@ -190,13 +190,14 @@ def test_the_summary_renders_the_first_h100_run():
 def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     """fw_research.benchmarks.bench_fairseq_gpu through the real fairseq CLIs on tiny settings: the same code the GPU
     check runs, so a fairseq or plugin change that breaks it fails here first. Six updates in epochs of three (the
-    training set sized for it), the second update profiled; one round (each fairseq process costs seconds to start:
-    the rounds' order is test_bench_fused_read.py's)."""
+    training set sized for it), the first update profiled and two of each epoch in windows; one round (each fairseq
+    process costs seconds to start: the rounds' order is test_bench_fused_read.py's)."""
     out = tmp_path / "bench_fairseq.json"
     proc = subprocess.run([sys.executable, "-m", "fw_research.benchmarks.bench_fairseq_gpu", "--out", str(out),
                            "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
                            "table1_dpfp2", "--updates", "6", "--log-interval", "1", "--lengths", "4",
-                           "--sentences", "2", "--max-tokens", "512", "--profile-update", "2", "--rounds", "1"],
+                           "--sentences", "2", "--max-tokens", "512", "--profile-update", "1", "--rounds", "1",
+                           "--profile-window", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -206,7 +207,10 @@ def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     (run,) = fw["runs"]
     assert run["round"] == 0 and run["epochs"] == 2 and run["first_epoch_updates"] == 3 and run["intervals_used"] == 2
     assert fw["train"]["updates"] == 6 and fw["train"]["wps_median"] == run["wps_steady"] > 0
-    assert fw["profile"]["update"] == 2 and 0 < len(fw["profile"]["ops"]) <= 15
+    assert fw["profile"]["update"] == 1 and 0 < len(fw["profile"]["ops"]) <= 15
+    # updates 2-3 of epoch 1 and 5-6 of epoch 2; a CPU has no kernels, launches or synchronisations to count
+    assert [(w["epoch"], w["updates"]) for w in fw["windows"]] == [(1, 2), (2, 2)]
+    assert all(w["wall_ms"] > 0 and w["kernels"] is None and 0 < len(w["top"]) <= 15 for w in fw["windows"])
     assert [g["length"] for g in fw["generate"]] == [4] and fw["generate"][0]["tokens"] == 2 * 5  # N + eos each
     assert fw["vs_softmax"]["train_wps"] > 0 and fw["vs_softmax"]["generate_tokens_per_s"]["4"] > 0
 

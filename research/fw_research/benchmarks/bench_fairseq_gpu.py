@@ -22,7 +22,8 @@ the source) through the real CLIs (fw_research.benchmarks.fairseq_run):
   epoch holds the start-up, the allocator's growth and the kernels' compilation. A configuration reports the
   median over its runs and the spread (max - min) / median. Peak memory: the CUDA allocator's high-water mark.
 - profile: the first round's run of each configuration profiles its --profile-update-th update (inside the first
-  epoch, so outside the steady state) and keeps the top 15 operators by self CUDA time (CPU time on a CPU).
+  epoch, so outside the steady state) and keeps the top 15 operators by self CUDA time (CPU time on a CPU); with
+  --profile-window K also K updates of the first epoch and K of the second (fairseq_run.py's windows).
 - generation: fairseq-generate (beam --beam) translates the test sentences forced to each output length
   (--min-len N --max-len-a 0 --max-len-b N) with the last round's checkpoint, reporting fairseq's tokens/s.
 Ratios are against softmax. Results are written after every run, so a run stopped by --budget-s (or killed)
@@ -138,8 +139,10 @@ def train(work, name, flags, rnd, args, on_gpu):
     """One training run: its steady-state words/s, peak MiB, logged intervals and (first round) profile."""
     save = work / "checkpoints" / name
     shutil.rmtree(save, ignore_errors=True)  # a fresh run, not a resumed one
-    env = runner_env(name, **({"FW_PROFILE_UPDATE": str(args.profile_update)} if rnd == 0 and args.profile_update
-                              else {}))
+    profiling = {"FW_PROFILE_UPDATE": str(args.profile_update)} if rnd == 0 and args.profile_update else {}
+    if rnd == 0 and args.profile_window:
+        profiling["FW_PROFILE_WINDOW"] = str(args.profile_window)
+    env = runner_env(name, **profiling)
     start = time.monotonic()
     out, record = fairseq(
         work, "train", work / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", args.arch, *flags,
@@ -158,8 +161,9 @@ def train(work, name, flags, rnd, args, on_gpu):
            "first_epoch_updates": int(summaries[0]["train_num_updates"]) if summaries else None,
            "wps_logged": [[int(r["epoch"]), float(r["wps"])] for r in records if "wps" in r and "epoch" in r],
            "peak_MiB": record["peak_MiB"], "seconds": round(time.monotonic() - start, 1)}
-    if "profile" in record:
-        run["profile"] = record["profile"]
+    for key in ("profile", "windows"):
+        if key in record:
+            run[key] = record[key]
     return run
 
 
@@ -185,9 +189,9 @@ def summarise(res, updates):
     res["train"] = {"wps_median": median, "wps_runs": wps,
                     "spread": (max(wps) - min(wps)) / median if len(wps) > 1 else None,
                     "peak_MiB": max(peaks) if peaks else None, "updates": updates}
-    profiles = [r["profile"] for r in runs if "profile" in r]
-    if profiles:
-        res["profile"] = profiles[0]
+    for key in ("profile", "windows"):  # the first round's
+        for found in [r[key] for r in runs if key in r][:1]:
+            res[key] = found
 
 
 def generate(work, name, length, args, on_gpu):
@@ -235,6 +239,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=2, help="training runs per configuration, interleaved")
     parser.add_argument("--profile-update", type=int, default=10, help="profile this update of each configuration's "
                         "first run (0: none); keep it inside the first epoch")
+    parser.add_argument("--profile-window", type=int, default=0, help="profile this many updates of epochs 1 and 2 "
+                        "in each configuration's first run (fairseq_run.py's windows; 0: none); it slows them")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
@@ -244,6 +250,10 @@ def parse_args(argv=None):
                         "epoch at --max-tokens")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no run after this many seconds")
     args = parser.parse_args(argv)
+    if args.profile_window and 2 <= args.profile_update <= 1 + args.profile_window:  # one profiler at a time
+        parser.error(f"argument --profile-update: {args.profile_update} falls in the first epoch's window (updates 2.."
+                     f"{1 + args.profile_window} of --profile-window {args.profile_window}); allowed: 0, 1 or "
+                     f"> {1 + args.profile_window}")
     if args.train_sentences is None:  # a batch of --max-tokens holds about max_tokens / MEAN_TOKENS sentences
         args.train_sentences = max(1, round(args.updates / args.epochs * args.max_tokens / MEAN_TOKENS))
     return args

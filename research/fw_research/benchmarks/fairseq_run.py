@@ -11,13 +11,23 @@ and RECORD_JSON also gets "profile": the top FW_PROFILE_TOP (default 15) operato
 time on the device (CUDA kernels on a GPU, CPU operators on a CPU), each with its calls, milliseconds and
 share of the update's self time. One update only: the profiler's overhead stays out of the other updates.
 
+With FW_PROFILE_WINDOW=K, `train` profiles two windows of K updates: one in the first epoch and one in the second
+(each after the epoch's first update, which spans the epoch's start), and RECORD_JSON gets "windows", one summary
+each (window_summary): per update the wall and device-busy milliseconds, the kernels launched, the host's median
+gap between launches, the device-to-host synchronisations (torch.cuda.set_sync_debug_mode), the allocator's
+cudaMalloc and cudaFree calls; and the window's top operators. The two windows side by side say where an update's
+time goes in the steady state and what differs from the first epoch.
+
 With FW_NO_FUSED_READ=1, no block takes the fused read (fw_fairseq/ops/fused_read): every one takes the path it
 replaces, so that a benchmark can time the two paths of one configuration end to end.
 """
 import importlib
 import json
 import os
+import statistics
 import sys
+import time
+import warnings
 
 import torch
 
@@ -72,6 +82,83 @@ def profile_one_update(update, top, record):
     Trainer.train_step = train_step
 
 
+LAUNCHES = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
+
+
+def window_summary(prof, updates, wall_s, syncs, on_gpu, top):
+    """Per-update means of a window of `updates` profiled updates (wall_s seconds, `syncs` synchronisation warnings;
+    None on a CPU, which has none of these), and its top operators by self device time."""
+    events = list(prof.events())
+    launches = sorted(e.time_range.start for e in events if e.name in LAUNCHES)  # microseconds
+    gaps = [b - a for a, b in zip(launches, launches[1:])]
+    ops = top_ops(prof, top, on_gpu)
+
+    def per_update(count):
+        return round(count / updates, 1) if on_gpu else None
+
+    return {"updates": updates, "wall_ms": round(1e3 * wall_s / updates, 2),
+            "device_busy_ms": round(ops["total_ms"] / updates, 2) if on_gpu else None,
+            "kernels": per_update(len(launches)),
+            "host_gap_us_median": round(statistics.median(gaps), 1) if on_gpu and gaps else None,
+            "syncs": per_update(syncs) if syncs is not None else None,
+            "cuda_malloc": per_update(sum(e.name == "cudaMalloc" for e in events)),
+            "cuda_free": per_update(sum(e.name == "cudaFree" for e in events)), "top": ops["ops"]}
+
+
+def profile_windows(size, top, record):
+    """Wrap fairseq's Trainer (begin_epoch, train_step) so that `size` consecutive updates of the first epoch and
+    `size` of the second, from each epoch's second update, run under one torch.profiler window each
+    (window_summary)."""
+    from fairseq.trainer import Trainer
+
+    begin, step = Trainer.begin_epoch, Trainer.train_step
+    on_gpu = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+    state = {"epoch": 0, "in_epoch": 0, "open": None}
+    record["windows"] = []
+
+    def begin_epoch(self, epoch):
+        if state["open"] is not None:  # an epoch shorter than the window: the window ends with it
+            close_window()
+        state["epoch"], state["in_epoch"] = int(epoch), 0
+        return begin(self, epoch)
+
+    def open_window():
+        prof, caught = torch.profiler.profile(activities=activities), warnings.catch_warnings(record=True)
+        prof.__enter__()
+        state["open"], state["count"] = (prof, caught, caught.__enter__()), 0
+        warnings.simplefilter("always")
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+        state["start"] = time.perf_counter()
+
+    def close_window():
+        if on_gpu:
+            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - state["start"]
+        prof, caught, warned = state["open"]
+        caught.__exit__(None, None, None)
+        prof.__exit__(None, None, None)
+        syncs = sum("synchroniz" in str(w.message) for w in warned) if on_gpu else None
+        record["windows"].append(dict(window_summary(prof, state["count"], wall, syncs, on_gpu, top),
+                                      epoch=state["epoch"]))
+        state["open"] = None
+
+    def train_step(self, *args, **kwargs):
+        state["in_epoch"] += 1
+        if state["epoch"] in (1, 2) and state["in_epoch"] == 2:
+            open_window()
+        out = step(self, *args, **kwargs)
+        state["count"] = state.get("count", 0) + 1
+        if state["open"] is not None and state["count"] == size:
+            close_window()
+        return out
+
+    Trainer.begin_epoch, Trainer.train_step = begin_epoch, train_step
+
+
 def no_fused_read():
     """No length is within the fused read's CROSSOVER, so its dispatch hands every block to the other path."""
     from fw_fairseq.ops.fused_read import dispatch
@@ -87,6 +174,8 @@ def main():
     record = {}
     if os.environ.get("FW_NO_FUSED_READ") == "1":
         no_fused_read()
+    if command == "train" and os.environ.get("FW_PROFILE_WINDOW"):
+        profile_windows(int(os.environ["FW_PROFILE_WINDOW"]), int(os.environ.get("FW_PROFILE_TOP", "15")), record)
     if command == "train" and os.environ.get("FW_PROFILE_UPDATE"):
         profile_one_update(int(os.environ["FW_PROFILE_UPDATE"]), int(os.environ.get("FW_PROFILE_TOP", "15")), record)
     try:
