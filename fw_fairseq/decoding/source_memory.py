@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from fw_fairseq.ops import fast_weight_read
-from fw_fairseq.ops.common.positions import with_positions
+from fw_fairseq.ops.common.positions import per_head, with_positions
 
 
 def source_fits(length: int, d_phi: int, width: int) -> bool:
@@ -60,8 +60,7 @@ def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, v: Tensor, *sc
     if rule.writes is None or length * (d_phi + rank + width) >= d_phi * rank * width:
         return rule.write(wide, v, *scalars)
     u = rule.writes(wide if rule.key_reads else phi_k, v, *scalars)  # [B, H, S, M]
-    factors = factors[:, None] if factors.dim() == 3 else factors  # [B, 1 or H, S, R]
-    return torch.cat([phi_k, factors.expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
+    return torch.cat([phi_k, per_head(factors).expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
 
 
 def read_positioned_source(rank: int, query: Tensor, source: Tensor) -> Tensor:

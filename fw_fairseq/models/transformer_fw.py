@@ -207,8 +207,8 @@ def training_length_ratio(args, task) -> float:
 
 
 def settle_align_ratio(args, task) -> None:
-    """Replace --fw-align-ratio data in args by the training split's ratio (args of a translation model, filled by
-    or as given on the command line); a number stays as it is."""
+    """Replace --fw-align-ratio data in args (as given on the command line) by the training split's ratio; a number
+    stays as it is."""
     if str(getattr(args, "fw_align_ratio", None)) == ALIGN_RATIO_OF_DATA:
         args.fw_align_ratio = training_length_ratio(args, task)
 

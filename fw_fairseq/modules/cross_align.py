@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_positioned_source,
                                                 write_positioned_source)
+from fw_fairseq.ops.common.positions import per_head
 from fw_fairseq.ops.fused_read.dispatch import fused_aligned_read_for
 
 
@@ -46,11 +47,10 @@ def free_head_factors(factors: Tensor, heads: int, free: int) -> Tensor:
     g . h = 1 there, the plain read; [B, T, R] as it is where no head is free."""
     if free == 0:
         return factors
-    plain = torch.zeros_like(factors)
-    plain[..., 0] = 1.0
-    per_head = factors[:, None].expand(-1, heads, -1, -1).clone()  # [B, H, T, R]
-    per_head[:, heads - free:] = plain[:, None]
-    return per_head
+    factors = factors[:, None].repeat(1, heads, 1, 1)  # [B, H, T, R]
+    factors[:, heads - free:] = 0.0
+    factors[:, heads - free:, :, 0] = 1.0
+    return factors
 
 
 def source_lengths(key_padding_mask: Optional[Tensor], batch: int, length: int, device) -> Tensor:
@@ -126,7 +126,7 @@ def aligned_step(buffer: dict, block, order: int, ratio: float, q: Tensor, sourc
     buffer["align_position"] = buffer["align_position"] + q.size(2)
     phi_q = block.features(q, is_query=True)  # [B, H, T, E]
     factors = align_factors(target_angles(positions, buffer["align_lengths"], ratio), order)  # [B, T, R]
-    factors = free_head_factors(factors, heads, free) if free else factors[:, None].expand(-1, heads, -1, -1)
+    factors = per_head(free_head_factors(factors, heads, free)).expand(-1, heads, -1, -1)  # [B, H, T, R]
     query = torch.cat([phi_q, factors.to(phi_q.dtype)], dim=-1)  # [B, H, T, E + R]
     return block.read_out(read_per_sentence(partial(read_positioned_source, factors.size(-1)), query,
                                             buffer["memory"]))

@@ -6,11 +6,16 @@ over them, and (phi(q) (x) g(i)) . (phi(k) (x) h(j)) = (phi(q) . phi(k)) (g(i) .
 its scores instead (dispatch.attend)."""
 
 
+def per_head(factors):
+    """Positional factors shared by the heads [B, T, R] or per head [B, H, T, R] -> [B, 1 or H, T, R]."""
+    return factors[:, None] if factors.dim() == 3 else factors
+
+
 def with_positions(x, factors):
     """x [B, H, T, E] (x) factors [B, T, R] (or per head, [B, H, T, R]) -> [B, H, T, R E]: block r is x times
     factor r."""
     B, H, T, E = x.shape
-    factors = factors[:, None] if factors.dim() == 3 else factors  # [B, 1 or H, T, R]
+    factors = per_head(factors)  # [B, 1 or H, T, R]
     wide = factors[..., None].to(x.dtype) * x[:, :, :, None, :]  # [B, H, T, R, E]
     return wide.reshape(B, H, T, -1)
 
@@ -18,5 +23,4 @@ def with_positions(x, factors):
 def position_weight(q_factors, k_factors):
     """The positional weight g(i) . h(j) of queries' factors [B, Tq, R] and keys' [B, T, R] -> [B, 1, Tq, T] (per
     head, [B, H, Tq, R] and [B, H, T, R] -> [B, H, Tq, T])."""
-    weight = q_factors @ k_factors.transpose(-1, -2)
-    return weight[:, None] if weight.dim() == 3 else weight
+    return per_head(q_factors) @ per_head(k_factors).transpose(-1, -2)

@@ -190,8 +190,9 @@ def summarise(res, updates):
                     "spread": (max(wps) - min(wps)) / median if len(wps) > 1 else None,
                     "peak_MiB": max(peaks) if peaks else None, "updates": updates}
     for key in ("profile", "windows"):  # the first round's
-        for found in [r[key] for r in runs if key in r][:1]:
-            res[key] = found
+        first = next((r[key] for r in runs if key in r), None)
+        if first is not None:
+            res[key] = first
 
 
 def generate(work, name, length, args, on_gpu):

@@ -50,13 +50,18 @@ def top_ops(prof, top, on_gpu):
                      "percent": round(100 * self_us(e) / total, 1)} for e in events[:top]]}
 
 
+def profiler_activities(on_gpu):
+    """What torch.profiler records: the host, and the device where there is one."""
+    return [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+
+
 def profile_one_update(update, top, record):
     """Wrap fairseq's Trainer.train_step so that its `update`-th call runs under torch.profiler."""
     from fairseq.trainer import Trainer
 
     step, calls = Trainer.train_step, [0]
     on_gpu = torch.cuda.is_available()
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+    activities = profiler_activities(on_gpu)
 
     def train_step(self, *args, **kwargs):
         calls[0] += 1
@@ -113,7 +118,7 @@ def profile_windows(size, top, record):
 
     begin, step = Trainer.begin_epoch, Trainer.train_step
     on_gpu = torch.cuda.is_available()
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
+    activities = profiler_activities(on_gpu)
     state = {"epoch": 0, "in_epoch": 0, "open": None}
     record["windows"] = []
 
@@ -151,9 +156,10 @@ def profile_windows(size, top, record):
         if state["epoch"] in (1, 2) and state["in_epoch"] == 2:
             open_window()
         out = step(self, *args, **kwargs)
-        state["count"] = state.get("count", 0) + 1
-        if state["open"] is not None and state["count"] == size:
-            close_window()
+        if state["open"] is not None:
+            state["count"] += 1
+            if state["count"] == size:
+                close_window()
         return out
 
     Trainer.begin_epoch, Trainer.train_step = begin_epoch, train_step
