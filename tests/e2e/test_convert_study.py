@@ -41,3 +41,15 @@ def test_teacher_scratch_converted_and_distilled_at_equal_updates(data_bin, tmp_
     convert_study.main(argv)  # every run stored: nothing trains or translates again
     assert {path: path.stat().st_mtime for path in study.glob("*.log")} == logs
     assert json.loads((tmp_path / "out/demo.json").read_text())["runs"] == results["runs"]
+
+
+def test_a_conversion_takes_the_fw_flags_and_the_defaults_distil_their_projections_from_the_converted_file():
+    flags = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-cross-align", "4", "--criterion",
+             "fw_unlikelihood", "--unlikelihood-alpha", "2", "--fw-encoder-conv", "3"]
+    assert convert_study.fw_only(flags) == ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-cross-align", "4",
+                                            "--fw-encoder-conv", "3"]
+    trains = convert_study.CONFIGS["dpfp2-delta-dec-align4-ul2-vconv3"]
+    distil = convert_study.distil_flags(trains, "converted.pt")
+    assert distil[distil.index("--distil-trains") + 1] == "projections"
+    assert distil[distil.index("--distil-teacher") + 1] == "converted.pt"
+    assert "--distil-teacher" not in convert_study.distil_flags("maps", "converted.pt")

@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+from factories import parse_model_args
+from fw_research.convert import convert_recipe
 
 RECIPE = [sys.executable, "-m", "fw_research.convert.convert_recipe"]
 
@@ -36,3 +40,18 @@ def test_a_failed_step_stops_in_one_line(teacher, tmp_path):
                            "--fw-feature-map", "dpfp"], capture_output=True, text=True)
     message = [line for line in done.stderr.splitlines() if "tensorboardX" not in line]
     assert done.returncode != 0 and len(message) == 1 and "fairseq-train failed" in message[0], done.stderr
+
+
+@pytest.mark.parametrize("flags,criterion", [([], "fw_unlikelihood"), (["--fw-cross-align", "0"],
+                                                                      "label_smoothed_cross_entropy")])
+def test_the_aligned_read_fine_tunes_with_the_criterion_it_was_measured_with(flags, criterion):
+    model_args = parse_model_args(flags)  # no --fw-* flag: the translation defaults, the aligned read on
+    assert convert_recipe.finetune_criterion(model_args)[:2] == ["--criterion", criterion]
+
+
+def test_projections_distil_against_the_converted_checkpoint(tmp_path):
+    args = convert_recipe.parse(["--teacher", "t.pt", "--data", "d", "--work-dir", str(tmp_path),
+                                 "--distil-trains", "projections"])
+    flags = [str(x) for x in convert_recipe.criterion_flags(args, parse_model_args([]), "distil")]
+    assert flags[flags.index("--distil-teacher") + 1] == str(tmp_path / "converted.pt")
+    assert flags[flags.index("--lr") + 1] == "0.001"  # the projections' rate, unless --distil-lr is given

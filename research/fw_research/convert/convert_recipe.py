@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""The conversion recipe in one command (docs/converting.md): convert a softmax checkpoint, distil its attention into
-the learned feature maps for N updates, fine-tune the whole model for M updates, and score both models with sacreBLEU.
+"""The conversion recipe in one command (docs/converting.md): convert a softmax checkpoint, distil its attention for N
+updates (into the learned feature maps, or with --distil-trains projections through the blocks' q, k and beta
+projections), fine-tune the whole model for M updates, and score both models with sacreBLEU.
 
     convert_recipe.py --teacher checkpoints/checkpoint_best.pt --data data-bin --work-dir convert_work \
         --distil-updates 200 --finetune-updates 200 --fw-feature-map t2r --fw-t2r-features 32
+
+Fine-tuning trains with label-smoothed cross-entropy, or with --criterion fw_unlikelihood where the converted model
+has the aligned read of the source (the criterion that read was measured with: the translation defaults).
 
 Each step writes into --work-dir and is skipped when its output is there: converted.pt, distil/ and finetune/ (whose
 fairseq-train resumes from its checkpoint_last.pt when run again; a step whose checkpoint_last.pt has its updates is
@@ -25,12 +29,16 @@ import torch
 import fw_fairseq  # noqa: F401  (the models, the criterion, the safe globals for torch.load)
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-from fw_fairseq.modules.fast_weight_config import add_fast_weight_args
+from fw_fairseq.models.transformer_fw import criterion_warning
+from fw_fairseq.modules.fast_weight_config import FastWeightConfig, add_fast_weight_args
 from fw_fairseq.modules.flag_table import FLAGS
 from fw_research.experiments.attention_runs import updates_done
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
+# Adam's rate for the distillation, per --distil-trains: the maps' new parameters move fast; the projections start as
+# the teacher's and are what fine-tuning trains at 5e-4 to 1e-3
+DISTIL_LR = {"maps": 1e-2, "projections": 1e-3}
 
 
 def parse(argv):
@@ -40,7 +48,11 @@ def parse(argv):
     parser.add_argument("--work-dir", required=True, type=Path)
     parser.add_argument("--distil-updates", type=int, default=200, metavar="N")
     parser.add_argument("--finetune-updates", type=int, default=200, metavar="M")
-    parser.add_argument("--distil-lr", type=float, default=1e-2, help="Adam's rate for the maps (default 1e-2)")
+    parser.add_argument("--distil-trains", choices=list(DISTIL_LR), default="maps",
+                        help="what the distillation trains: maps (T2R, trainable Hedgehog), or projections (each "
+                             "block's q, k and beta: a map without parameters, e.g. the defaults' DPFP)")
+    parser.add_argument("--distil-lr", type=float, help="Adam's rate for the distillation (default 1e-2 for maps, "
+                                                        "1e-3 for projections)")
     parser.add_argument("--lr", type=float, default=5e-4, help="fine-tuning's Adam rate (default 5e-4)")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--post-process", default="subword_nmt", help="fairseq-generate's (default subword_nmt)")
@@ -49,6 +61,7 @@ def parse(argv):
     args = parser.parse_args(argv)
     # the commands run in the repository (fairseq's --user-dir): the paths given are taken as the caller meant them
     args.teacher, args.data, args.work_dir = (Path(x).resolve() for x in (args.teacher, args.data, args.work_dir))
+    args.distil_lr = DISTIL_LR[args.distil_trains] if args.distil_lr is None else args.distil_lr
     for flag in ("--distil-updates", "--finetune-updates", "--beam"):
         if getattr(args, flag[2:].replace("-", "_")) < 1:
             parser.error(f"argument {flag}: allowed: an integer >= 1")
@@ -83,13 +96,29 @@ def model_flags(model_args):
     return flags
 
 
-def train(args, model, start, save_dir, updates, stage):
-    """fairseq-train from `start` (--finetune-from-model: a re-run resumes from save_dir's checkpoint_last.pt)."""
+def finetune_criterion(model_args):
+    """label_smoothed_cross_entropy's flags, or fw_unlikelihood's where the model trains the aligned read of the
+    source (which fw_fairseq.models.transformer_fw.criterion_warning would warn about without it)."""
+    plain = argparse.Namespace(**{**vars(model_args), "criterion": "label_smoothed_cross_entropy"})
+    aligned = criterion_warning(plain, FastWeightConfig.from_args(model_args)) is not None
+    return ["--criterion", "fw_unlikelihood" if aligned else plain.criterion, "--label-smoothing", "0.1"]
+
+
+def criterion_flags(args, model_args, stage):
+    if stage == "finetune":
+        return [*finetune_criterion(model_args), "--lr", str(args.lr)]
+    teacher = ["--distil-teacher", args.work_dir / "converted.pt"] if args.distil_trains == "projections" else []
+    return ["--criterion", "fw_attention_distillation", "--distil-trains", args.distil_trains, *teacher, "--lr",
+            str(args.distil_lr)]
+
+
+def train(args, model_args, start, save_dir, updates, stage):
+    """fairseq-train of the converted model (its args `model_args`) from `start` (--finetune-from-model: a re-run
+    resumes from save_dir's checkpoint_last.pt)."""
     if updates_done(save_dir) >= updates:
         return
     save_dir.mkdir(parents=True, exist_ok=True)
-    criterion = (["--criterion", "fw_attention_distillation", "--lr", str(args.distil_lr)] if stage == "distil" else
-                 ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--lr", str(args.lr)])
+    model, criterion = model_flags(model_args), criterion_flags(args, model_args, stage)
     run([BIN / "fairseq-train", args.data, "--user-dir", REPO / "fw_fairseq", *model, *criterion,
          "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--max-update", str(updates),
          "--finetune-from-model", start, "--save-dir", save_dir, "--no-epoch-checkpoints", "--max-tokens", "4096",
@@ -125,9 +154,9 @@ def main(argv):
                           else str(getattr(args, flag.attr)))]
         run([sys.executable, "-m", "fw_research.convert.convert_softmax", "--from", args.teacher,
              "--to", converted, "--data", args.data, *fw], args.work_dir / "convert.log")
-    model = model_flags(torch.load(converted, map_location="cpu", weights_only=False)["cfg"]["model"])
-    train(args, model, converted, args.work_dir / "distil", args.distil_updates, "distil")
-    train(args, model, args.work_dir / "distil" / "checkpoint_last.pt", args.work_dir / "finetune",
+    model_args = torch.load(converted, map_location="cpu", weights_only=False)["cfg"]["model"]
+    train(args, model_args, converted, args.work_dir / "distil", args.distil_updates, "distil")
+    train(args, model_args, args.work_dir / "distil" / "checkpoint_last.pt", args.work_dir / "finetune",
           args.finetune_updates, "finetune")
     for name, checkpoint in (("teacher", args.teacher), ("student", args.work_dir / "finetune" / "checkpoint_last.pt")):
         print(f"{name}: BLEU {score(args, checkpoint, name)['bleu']} ({checkpoint})")

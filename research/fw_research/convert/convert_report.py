@@ -55,8 +55,9 @@ def table(results):
         lines.append(f"| {config} | {start} | {total} | {row(runs, teachers)} |")
     lines += ["", "Means over the seeds; a ratio is taken against the same seed's teacher, then averaged. "
               "start: scratch = trained from random weights for the total; converted = the teacher's weights, "
-              "fine-tuned for the total; distilled = converted, its attention distilled into the maps for a quarter "
-              "of the total, then fine-tuned for the rest; continued = the teacher itself trained the total more, "
+              "fine-tuned for the total; distilled = converted, its attention distilled for a quarter of the total "
+              "(into the maps, or through the blocks' q, k and beta projections where the map has no parameters), "
+              "then fine-tuned for the rest; continued = the teacher itself trained the total more, "
               "with the fine-tuning's schedule. "
               f"{results['machine']}, {results['cpu_count']} threads, torch {results['torch']}; "
               f"{results['wall_minutes']} minutes."]

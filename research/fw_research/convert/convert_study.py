@@ -5,9 +5,10 @@
 1. The teacher: the comparison's `softmax` row (its preset, `demo` unless --preset), trained --teacher-updates.
 2. For every configuration (CONFIGS) and total T of --totals, the teacher converted (convert_softmax.py), then
    - fine-tuned T updates;
-   - where the map has parameters (T2R, trainable Hedgehog): its attention distilled for T / 4 updates
-     (--criterion fw_attention_distillation, the maps alone), then fine-tuned T - T / 4: the distillation's updates
-     count toward the total.
+   - where CONFIGS names a distillation: its attention distilled for T / 4 updates (--criterion
+     fw_attention_distillation: the maps alone where they have parameters, T2R and trainable Hedgehog; else the
+     blocks' q, k and beta projections, against the converted checkpoint's), then fine-tuned T - T / 4: the
+     distillation's updates count toward the total.
 3. The same configuration trained from scratch for T updates with the comparison's flags.
 4. The control: the teacher trained T more updates with the fine-tuning's schedule (softmax, "continued").
 
@@ -29,27 +30,32 @@ from types import SimpleNamespace
 
 import torch
 
+from fw_research.convert.convert_recipe import DISTIL_LR
 from fw_research.convert.convert_report import write
 from fw_research.experiments import attention_runs, catalog_corpus
 from fw_research.experiments.attention_configs import PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[3]
 TEACHER = "softmax"
-# a configuration of the comparison (attention_configs.CONFIGS) -> whether its map has parameters to distil
+# a configuration of the comparison (attention_configs.CONFIGS) -> what its distillation trains (--distil-trains),
+# None: no distilled row
 CONFIGS = {
-    "dpfp2-sum-vconv3": False,
-    "hedgehog-trainable-sum-vconv3": True,
-    "t2r32-sum-vconv3": True,
-    "dpfp2-delta-dec-l2-vconv3": False,
+    "dpfp2-sum-vconv3": None,
+    "hedgehog-trainable-sum-vconv3": "maps",
+    "t2r32-sum-vconv3": "maps",
+    "dpfp2-delta-dec-l2-vconv3": None,
     # hybrids: the teacher's softmax kept where a block's decoding cost does not grow with the output
     # (cross-attention, the encoder), fast weights where it does (the decoder's self-attention)
-    "dpfp2-sum-softcross-vconv3": False,
-    "hybrid-delta-l2": False,
+    "dpfp2-sum-softcross-vconv3": None,
+    "hybrid-delta-l2": None,
+    # the translation defaults (with their criterion): fast weights in every block, the aligned read of the source
+    "dpfp2-delta-dec-align4-ul2-vconv3": "projections",
 }
 # fine-tuning: the preset's optimiser with a short warm-up to a lower peak (the teacher ends near 6e-4)
 FINETUNE = ["--lr", "1e-3", "--warmup-updates", "50"]
-DISTIL = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-2", "--clip-norm", "1.0",
+DISTIL = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
           "--criterion", "fw_attention_distillation"]
+
 SPEED = re.compile(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in [\d.]+s \([\d.]+ sentences/s, ([\d.]+) tokens/s\)")
 
 
@@ -121,7 +127,7 @@ def convert(args, work, config, teacher_name):
     out = work.dir / "converted" / f"{config}.from-{teacher_name}.pt"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        fw = config_flags(args.preset, config)  # its --fw-* flags alone
+        fw = fw_only(config_flags(args.preset, config))
         command = [sys.executable, "-m", "fw_research.convert.convert_softmax",
                    "--from", last_checkpoint(work, teacher_name), "--to", out,
                    "--data", work.data, *fw]
@@ -131,6 +137,21 @@ def convert(args, work, config, teacher_name):
     return out
 
 
+def fw_only(flags):
+    """The --fw-* flags of a configuration, with their values: what a conversion and its distillation take (a
+    criterion's flags are the fine-tuning's)."""
+    kept, keep = [], False
+    for text in flags:
+        keep = text.startswith("--fw-") if text.startswith("--") else keep
+        kept += [text] if keep else []
+    return kept
+
+
+def distil_flags(trains, converted):
+    teacher = ["--distil-teacher", converted] if trains == "projections" else []
+    return [*DISTIL, "--lr", str(DISTIL_LR[trains]), "--distil-trains", trains, *teacher]
+
+
 def converted_run(args, work, config, total, distil, teacher_name, seed):
     """Convert, distil total / 4 updates where `distil`, fine-tune the rest."""
     name = f"{config}.from-{teacher_name}.{'distil.' if distil else ''}t{total}"
@@ -138,11 +159,12 @@ def converted_run(args, work, config, total, distil, teacher_name, seed):
     def make():
         start = convert(args, work, config, teacher_name)
         flags = model_flags(args.preset, config, seed)  # [*arch, *training, *fw, --seed]
-        arch, fw = PRESETS[args.preset][1], config_flags(args.preset, config)
+        arch, fw = PRESETS[args.preset][1], fw_only(config_flags(args.preset, config))
         tune = total
         if distil:
             tune = total - total // 4
-            _, start = train(work, name + ".distil", [*arch, *fw, *DISTIL, "--max-tokens", "2048",
+            _, start = train(work, name + ".distil", [*arch, *fw, *distil_flags(CONFIGS[config], start),
+                                                     "--max-tokens", "2048",
                                                      "--finetune-from-model", start, "--seed", str(seed)],
                              total // 4)
         record, checkpoint = train(work, name, [*flags, *FINETUNE, "--finetune-from-model", start], tune)
@@ -171,7 +193,7 @@ def seed_runs(args, work, seed):
         for total in args.totals:
             runs.append({"config": config, "total": total, "start": "scratch",
                          **scratch_run(args, work, config, total, seed)})
-            kinds = (False, True) if CONFIGS[config] else (False,)
+            kinds = (False, True) if CONFIGS[config] is not None else (False,)
             for distil in kinds:
                 record = converted_run(args, work, config, total, distil, teacher_name, seed)
                 runs.append({"config": config, "total": total, "start": "distilled" if distil else "converted",
@@ -192,7 +214,7 @@ def main(argv=None):
         teachers.append(seed_teacher)
         runs += seed_rows
     results = {"benchmark": "convert_study", "preset": args.preset, "seeds": args.seeds, "teachers": teachers,
-               "totals": args.totals, "finetune": FINETUNE, "distil": DISTIL, "machine": platform.machine(),
+               "totals": args.totals, "finetune": FINETUNE, "distil": DISTIL, "distil_lr": DISTIL_LR, "machine": platform.machine(),
                "cpu_count": torch.get_num_threads(), "torch": torch.__version__,
                # every stored run's own training and scoring time, the teachers' included (runs made earlier count)
                "wall_minutes": round(sum(r["wall_seconds"] for r in [*teachers, *runs]) / 60, 1), "runs": runs}
