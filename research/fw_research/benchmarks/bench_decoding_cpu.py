@@ -20,7 +20,7 @@ times, the models taking turns (a change in the machine's load falls on all of t
 fastest; longer ones translate one batch, once.
 
     python -m fw_research.benchmarks.bench_decoding_cpu [--lengths 16 64 1024] [--beams 1 4] [--repeats 3] \
-        [--batches 4] [--note TEXT]
+        [--batches 4] [--models defaults softmax] [--model-args "--encoder-layers 2 ..."] [--note TEXT]
     python -m fw_research.benchmarks.bench_decoding_cpu --render benchmarks/results/decoding_cpu.json  # its .md, no run
 """
 import argparse
@@ -29,6 +29,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,9 @@ SUM = ["--fw-update-rule", "sum", "--fw-decoder-rule", "sum"]
 MODELS = {"elu sum": ["--fw-feature-map", "elu", *SUM],
           "dpfp-1 sum": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "1", *SUM],
           "dpfp-2 delta": ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2", "--fw-update-rule", "delta"],
+          # the translation defaults: DPFP-2, the sum rule with the aligned read of the source, the delta rule in
+          # the decoder's self-attention, the encoder's convolution
+          "defaults": [],
           "softmax": ["--fw-attention", "none"]}
 SOURCE_LENGTH = 13  # make_data's 12 words and the end-of-sentence token
 
@@ -77,9 +81,9 @@ def make_data(root: Path, sentences: int, batches: int):
          "--destdir", root / "bin", "--joined-dictionary", "--workers", "1"])
 
 
-def train(root: Path, name: str, arch: str, fw):
+def train(root: Path, name: str, arch: str, fw, model_args=()):
     save = root / re.sub(r"\W+", "_", name)
-    run([BIN / "fairseq-train", root / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", arch,
+    run([BIN / "fairseq-train", root / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", arch, *model_args,
          *fw, "--max-target-positions", "1100", "--optimizer", "adam", "--lr", "1e-4", "--max-tokens", "2048", "--max-update", "1",
          "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "1"])
     return save / "checkpoint_last.pt"
@@ -117,7 +121,7 @@ def cell(root, checkpoints, model_shapes, beam, length, args, bandwidth):
         r["fraction_of_floor"] = r["tokens_per_s"] * floor / bandwidth
         row[name] = r
     sm = row["softmax"]["tokens_per_s"]
-    for name in MODELS:
+    for name in checkpoints:
         row[name]["vs_softmax"] = row[name]["tokens_per_s"] / sm
         print(f"  beam {beam} N={length:5d} {name:13s} {row[name]['tokens_per_s']:8.1f} tok/s "
               f"{row[name]['vs_softmax']:5.2f}x softmax  floor {row[name]['floor_mb_per_token']:6.1f} "
@@ -131,6 +135,9 @@ def main():
     parser.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024])
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--arch", default="transformer_fw")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="NAME",
+                        help=f"the models to time, softmax always among them (default: all of {', '.join(MODELS)})")
+    parser.add_argument("--model-args", default="", help="more fairseq-train flags for every model (e.g. its dims)")
     parser.add_argument("--sentences", type=int, default=4, help="sentences per batch")
     parser.add_argument("--batches", type=int, default=4,
                         help="batches each run of a cell of up to 128 tokens translates (longer cells: one): "
@@ -162,19 +169,22 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_data(root, args.sentences, args.batches)
-        checkpoints = {name: train(root, name, args.arch, fw) for name, fw in MODELS.items()}
+        models = {name: fw for name, fw in MODELS.items() if name in args.models or name == "softmax"}
+        checkpoints = {name: train(root, name, args.arch, fw, shlex.split(args.model_args))
+                       for name, fw in models.items()}
         model_shapes = {name: shapes(checkpoint) for name, checkpoint in checkpoints.items()}
         for beam in args.beams:
             for length in args.lengths:
                 results.append(cell(root, checkpoints, model_shapes, beam, length, args, bandwidth))
 
-    meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "sentences": args.sentences,
+    meta = {"benchmark": "fairseq-generate decoding", "arch": args.arch, "model_args": args.model_args,
+            "sentences": args.sentences,
             "batches_up_to_128_tokens": args.batches,
-            "source_length": SOURCE_LENGTH, "models": MODELS, "machine": platform.processor() or "cpu",
+            "source_length": SOURCE_LENGTH, "models": models, "machine": platform.processor() or "cpu",
             "machine_note": args.note, "repeats_up_to_128_tokens": args.repeats, "cpu_count": os.cpu_count(),
             "threads": args.threads, "torch": torch.__version__,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "shapes": model_shapes}
-    table = markdown(meta, results, list(MODELS))
+    table = markdown(meta, results, list(models))
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**meta, "results": results}, indent=2))

@@ -51,8 +51,12 @@ def shapes(checkpoint) -> dict:
     config = FastWeightConfig.from_args(cfg)  # a transformer_fw* checkpoint's args, the architecture's defaults filled
     phi = feature_map(config.feature_map, d, nu=config.dpfp_nu, m=config.favor_features)
     M = d + RULES[config.rule("decoder")].z_column  # the sum rule's z column
+    fw_cross = config.uses("cross")
+    # the aligned read of the source keeps features (2P + 1) times wider (modules/cross_align.py)
+    widen = 2 * config.cross_align + 1 if fw_cross else 1
     return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim,
-            "C": key_cache(phi).width, "M": M, "fw_decoder": config.uses("decoder"), "fw_cross": config.uses("cross")}
+            "E_cross": phi.out_dim * widen, "C": key_cache(phi).width, "M": M, "fw_decoder": config.uses("decoder"),
+            "fw_cross": fw_cross}
 
 
 def self_attention_values(s: dict, t: int) -> int:
@@ -67,7 +71,8 @@ def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_leng
     """Mean bytes moved per generated token (one step of one sentence) over `length` steps."""
     per_layer_head = 0
     for t in range(1, length + 1):
-        cross = (sentences * min(source_length * (s["E"] + s["M"]), s["E"] * s["M"]) if s["fw_cross"]
+        E = s.get("E_cross", s["E"])  # results written before the aligned read have no E_cross
+        cross = (sentences * min(source_length * (E + s["M"]), E * s["M"]) if s["fw_cross"]
                  else sentences * beam * source_length * 2 * s["d"])
         per_layer_head += sentences * beam * self_attention_values(s, t) + cross
     attention = per_layer_head * s["layers"] * s["heads"] / length
