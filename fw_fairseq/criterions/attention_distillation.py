@@ -90,18 +90,25 @@ def teacher_heads(attn, query, key, teacher):
                      for x, name in ((query, "q_proj"), (key, "k_proj")))
 
 
-def attention_weights(attn, query, key, key_padding_mask, teacher=None):
-    """(teacher A, student A', scored query rows [B, H, T] bool) of a FastWeightAttention block from its inputs
-    query [T, B, C], key [S, B, C]; A and A' [B, H, T, S] in float32, A' with the aligned prior where it is on."""
+def teacher_weights(attn, query, key, key_padding_mask, teacher=None):
+    """(the teacher's A [B, H, T, S] in float32, keep [B, 1, T, S], scored query rows [B, H, T]) of a block's inputs
+    query [T, B, C], key [S, B, C]."""
     q_t, k_t = teacher_heads(attn, query, key, teacher)
     bsz, heads, length, _ = q_t.shape
     keep, rows = masks(attn, key_padding_mask, bsz, heads, length, k_t.shape[2], q_t.device)
     scores = (q_t @ k_t.transpose(-1, -2)) / math.sqrt(q_t.shape[-1])  # [B, H, T, S]
-    weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+    return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1), keep, rows
+
+
+def attention_weights(attn, query, key, key_padding_mask, teacher=None):
+    """(teacher A, student A', scored query rows [B, H, T] bool) of a FastWeightAttention block from its inputs
+    query [T, B, C], key [S, B, C]; A and A' [B, H, T, S] in float32, A' with the aligned prior where it is on."""
+    weights, keep, rows = teacher_weights(attn, query, key, key_padding_mask, teacher)
+    bsz, _, length, src_len = weights.shape
     q, k = (attn._heads(proj(x), torch.float32) for proj, x in ((attn.q_proj, query), (attn.k_proj, key)))
     phi_q, phi_k = attn.block.features(q, is_query=True), attn.block.features(k, is_query=False)  # [B, H, T|S, E]
     scores = phi_q @ phi_k.transpose(-1, -2)  # [B, H, T, S]
-    prior = aligned_prior(attn, key_padding_mask, bsz, length, k_t.shape[2], q_t.device)
+    prior = aligned_prior(attn, key_padding_mask, bsz, length, src_len, weights.device)
     scores = (scores if prior is None else scores * prior).masked_fill(~keep, 0.0)
     return weights, scores / (scores.sum(-1, keepdim=True) + Z_EPS), rows
 
@@ -127,9 +134,10 @@ def kl_rows(teacher, student, rows):
 
 def block_loss(attn, query, key, key_padding_mask, teacher=None):
     """(kind "kl" or "read_mse", the block's loss summed over its scored rows, how many rows)."""
-    weights, student, rows = attention_weights(attn, query, key, key_padding_mask, teacher)
     if not reads_values(attn):
+        weights, student, rows = attention_weights(attn, query, key, key_padding_mask, teacher)
         return "kl", kl_rows(weights, student, rows), int(rows.sum())
+    weights, _, rows = teacher_weights(attn, query, key, key_padding_mask, teacher)
     with torch.no_grad():
         v = attn._heads(attn.v_proj(key), torch.float32)  # [B, H, S, D]: the teacher's values (v stays frozen)
         target = weights @ v  # [B, H, T, D]
