@@ -104,12 +104,17 @@ def finetune_criterion(model_args):
     return ["--criterion", "fw_unlikelihood" if aligned else plain.criterion, "--label-smoothing", "0.1"]
 
 
+def distil_criterion(trains, converted, lr):
+    """fw_attention_distillation's flags: what it trains, the converted file as the teacher where the projections
+    train, Adam's rate."""
+    teacher = ["--distil-teacher", converted] if trains == "projections" else []
+    return ["--criterion", "fw_attention_distillation", "--distil-trains", trains, *teacher, "--lr", str(lr)]
+
+
 def criterion_flags(args, model_args, stage):
     if stage == "finetune":
         return [*finetune_criterion(model_args), "--lr", str(args.lr)]
-    teacher = ["--distil-teacher", args.work_dir / "converted.pt"] if args.distil_trains == "projections" else []
-    return ["--criterion", "fw_attention_distillation", "--distil-trains", args.distil_trains, *teacher, "--lr",
-            str(args.distil_lr)]
+    return distil_criterion(args.distil_trains, args.work_dir / "converted.pt", args.distil_lr)
 
 
 def train(args, model_args, start, save_dir, updates, stage):

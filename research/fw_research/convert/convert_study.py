@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from fw_research.convert.convert_recipe import DISTIL_LR
+from fw_research.convert.convert_recipe import DISTIL_LR, distil_criterion
 from fw_research.convert.convert_report import write
 from fw_research.experiments import attention_runs, catalog_corpus
 from fw_research.experiments.attention_configs import PRESETS, config_flags, model_flags
@@ -53,8 +53,7 @@ CONFIGS = {
 }
 # fine-tuning: the preset's optimiser with a short warm-up to a lower peak (the teacher ends near 6e-4)
 FINETUNE = ["--lr", "1e-3", "--warmup-updates", "50"]
-DISTIL = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-          "--criterion", "fw_attention_distillation"]
+DISTIL = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0"]
 
 SPEED = re.compile(r"Translated [\d,]+ sentences \([\d,]+ tokens\) in [\d.]+s \([\d.]+ sentences/s, ([\d.]+) tokens/s\)")
 
@@ -148,8 +147,7 @@ def fw_only(flags):
 
 
 def distil_flags(trains, converted):
-    teacher = ["--distil-teacher", converted] if trains == "projections" else []
-    return [*DISTIL, "--lr", str(DISTIL_LR[trains]), "--distil-trains", trains, *teacher]
+    return [*DISTIL, *distil_criterion(trains, converted, DISTIL_LR[trains])]
 
 
 def converted_run(args, work, config, total, distil, teacher_name, seed):
