@@ -59,8 +59,8 @@ def settle(buffer: dict):
 
 def reorder_buffer(buffer: dict, new_order: Tensor):
     """Beam search's reorder (and pruning) of a FastWeightAttention's buffer, in place: its rows `new_order` [B'] of
-    every cached tensor (batch is dim 0 of each). The decoder state's is left to the next step
-    in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
+    every cached tensor (batch is dim 0 of each; integers, counts that all hypotheses share, stay). The decoder
+    state's is left to the next step in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
     of hypotheses that read the same row (a sentence's beams), copied only when such groups leave or split."""
     # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
     # finished): the identity must not copy every cache and state
@@ -68,12 +68,12 @@ def reorder_buffer(buffer: dict, new_order: Tensor):
     # the lineage's rows are the hypotheses (the storages' may be more): it and a reorder compose at the next step
     deferred = buffer.get(ORDER, buffer.get(LINEAGE))
     hypotheses = deferred.size(0) if deferred is not None else next(
-        x.size(0) for name, x in buffer.items() if x is not None and name != "memory" and name not in spares)
+        x.size(0) for name, x in buffer.items() if isinstance(x, Tensor) and name != "memory" and name not in spares)
     if new_order.numel() == hypotheses and torch.equal(new_order, torch.arange(hypotheses, device=new_order.device)):
         return
     memory, rows = buffer.get("memory"), buffer.get("memory_rows")
     for name, tensor in list(buffer.items()):
-        if tensor is None or name in ("memory", LINEAGE) or name in spares:
+        if not isinstance(tensor, Tensor) or name in ("memory", LINEAGE) or name in spares:
             continue
         if name in ENTRIES and in_place():  # left to the next step (an ORDER already there composes below)
             buffer.setdefault(ORDER, new_order)

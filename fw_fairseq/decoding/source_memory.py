@@ -14,8 +14,9 @@ The cached source takes one of two forms, whichever a step reads fewer values of
   u_s = 0, they write nothing in either form. A rule without that form keeps the memory.
 The cache form exists only for S < E M / (E + M) < E, so a tensor whose dim 2 is below E is one.
 Rows are dim 0 of both forms, so the beam functions below serve both unchanged. A read whose kernel carries the
-positions (ops/common/positions.py) caches its keys' positional factors beside them, or the memory of the wider
-features (write_positioned_source, read_positioned_source).
+positions (ops/common/positions.py) caches, for short sources, the positional weight of every target position it can
+tell apart beside its keys, or else the memory of the wider features (write_positioned_source,
+read_weighted_source).
 """
 from typing import Optional, Tuple
 
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from fw_fairseq.ops import fast_weight_read
-from fw_fairseq.ops.common.positions import per_head, with_positions
+from fw_fairseq.ops.common.positions import with_positions
 
 
 def source_fits(length: int, d_phi: int, width: int) -> bool:
@@ -50,30 +51,38 @@ def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
     return (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) @ u  # [R, H, T, S] @ [R, H, S, M]
 
 
-def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, v: Tensor, *scalars: Tensor) -> Tensor:
-    """The cached source of a read whose kernel carries the positions (ops/common/positions.py; the keys' factors
-    [B, S, R], or per head [B, H, S, R]): [B, H, S, E + R + M], phi(k), its factors and the rule's effective writes
-    side by side, when a step reads fewer values so than the memory of the R times wider features [B, H, E R, M],
-    which it is otherwise."""
+def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, weights: Tensor, v: Tensor,
+                            *scalars: Tensor) -> Tensor:
+    """The cached source of a read whose kernel carries the positions (ops/common/positions.py; the keys' factors h
+    [B, S, R], or per head [B, H, S, R]): [B, H, S, E + I + M], phi(k), `weights` [B, 1 or H, S, I] (w[j, i] =
+    g(i) . h(j) for the I target positions a step may read as, read_weighted_source) and the rule's effective
+    writes side by side, when that holds fewer values than the memory of the R times wider features
+    [B, H, E R, M], which it is otherwise. A step then reads S (E + 1 + M) values instead of the memory's E R M
+    and never forms g(i) or the wide features."""
     (bsz, heads, length, d_phi), width, rank = phi_k.shape, v.size(-1), factors.size(-1)
     wide = with_positions(phi_k, factors)  # [B, H, S, R E]
-    if rule.writes is None or length * (d_phi + rank + width) >= d_phi * rank * width:
+    if rule.writes is None or length * (d_phi + weights.size(-1) + width) >= d_phi * rank * width:
         return rule.write(wide, v, *scalars)
     u = rule.writes(wide if rule.key_reads else phi_k, v, *scalars)  # [B, H, S, M]
-    return torch.cat([phi_k, per_head(factors).expand(bsz, heads, length, rank).to(phi_k.dtype), u], dim=-1)
+    return torch.cat([phi_k, weights.expand(bsz, heads, length, -1).to(phi_k.dtype), u], dim=-1)
 
 
-def read_positioned_source(rank: int, query: Tensor, source: Tensor) -> Tensor:
-    """query [R, H, T, E + rank] (phi(q) and its positional factors side by side) reads a cached source of
-    write_positioned_source, of either form -> [R, H, T, M]: (phi(q) . phi(k)) (g . h) over the writes."""
-    d_phi = query.size(-1) - rank
-    phi_q, g = query.split([d_phi, rank], dim=-1)  # [R, H, T, E], [R, H, T, rank]
-    if source.size(2) >= d_phi * rank:  # the cache form exists only for S < E rank M / (E + rank + M) < E rank
-        return fast_weight_read(with_positions(phi_q, g), source)
-    phi_k, h, u = source.split([d_phi, rank, source.size(-1) - d_phi - rank], dim=-1)
+def read_weighted_source(columns: int, first: int, steps: int, phi_q: Tensor, source: Tensor) -> Tensor:
+    """phi_q [R, H, b T, E] (b hypotheses of T steps each, fairseq's beam layout, read_per_sentence) at target
+    positions first .. first + T - 1, the last of `columns` weight columns standing for every later one, reads a
+    cache of write_positioned_source -> [R, H, b T, M]: (phi(q) . phi(k)) w over the writes."""
+    rows, heads, _, d_phi = phi_q.shape
+    phi_k, w, u = source.split([d_phi, columns, source.size(-1) - d_phi - columns], dim=-1)
+    if first + steps <= columns:
+        w = w[..., first:first + steps]  # [R, H, S, T]
+    else:  # past the last column a target position reads as the last one
+        picked = torch.arange(first, first + steps, device=w.device).clamp(max=columns - 1)
+        w = w.index_select(-1, picked)
     dtype = torch.promote_types(phi_q.dtype, source.dtype)
-    scores = (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) * (g.to(dtype) @ h.transpose(-1, -2))  # [R, H, T, S]
-    return scores @ u
+    scores = phi_q.to(dtype) @ phi_k.transpose(-1, -2)  # [R, H, b T, S]
+    # [R, H, b T, S] -> [R, H, b, T, S], weighed by [R, H, 1, T, S]
+    weighed = scores.view(rows, heads, -1, steps, phi_k.size(2)) * w.transpose(-1, -2)[:, :, None]
+    return weighed.view_as(scores) @ u
 
 
 def source_beam(key: Tensor, key_padding_mask: Optional[Tensor], beam: int) -> int:

@@ -12,9 +12,10 @@ phi'(x) = phi(x) (x) [sqrt(C(2P, P)), sqrt(2 C(2P, P+k)) cos(k a), sqrt(2 C(2P, 
 which keeps ||phi'(x)|| = ||phi(x)|| (the binomial weights sum to 4^P): an L2-normalised phi stays normalised for
 a delta rule over the source. A source is written once and read at every step as before. Training hands the
 factors to the rule's read (UpdateRule.attend's positions): its short order weighs the scores by w and never forms
-the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches
-the source's factors beside its keys, or the memory of phi' (source_memory.py). A target position past the
-source's length aligns with its last token (the end-of-sentence marker). A softmax cross-attention adds log w to its
+the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches,
+for a short source, w of every target position it tells apart beside its keys, else the memory of phi'
+(source_memory.py). A target position past the source's length aligns with its last token (the end-of-sentence
+marker). A softmax cross-attention adds log w to its
 logits instead (aligned_softmax.py). With --fw-align-free-heads F the last F heads read without the prior: their
 factors are (1, 0, ..., 0), so w = 1 for them and the read of every head keeps one width.
 """
@@ -25,9 +26,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_positioned_source,
+from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_weighted_source,
                                                 write_positioned_source)
-from fw_fairseq.ops.common.positions import per_head
+from fw_fairseq.ops import fast_weight_read
+from fw_fairseq.ops.common.positions import position_weight, with_positions
 from fw_fairseq.ops.fused_read.dispatch import fused_aligned_read_for
 
 
@@ -103,30 +105,49 @@ def aligned_read(block, order: int, ratio: float, q: Tensor, keys: Tensor, v: Te
                                             block.values(v, key_padding_mask), *scalars, positions=factors))
 
 
+def weight_columns(src_len: int, ratio: float) -> int:
+    """Target positions 0 .. I - 1 whose aligned weights differ: from position I - 1 = ceil(r S) on, i / r >= S >= N
+    and every target position aims at the source's last token."""
+    return math.ceil(ratio * src_len) + 1
+
+
+def write_aligned_source(buffer: dict, block, order: int, ratio: float, source, key_padding_mask: Optional[Tensor],
+                         beam: int, hypotheses: int, free: int):
+    """Generation's first step: the aligned source written from `source` (keys, v [B / beam, H, S, d], scalars), one
+    row per sentence of `beam` hypotheses, with the weights of its target positions beside it where it is short
+    (source_memory.write_positioned_source); a memory keeps each hypothesis's source length ([B], reordered with
+    the hypotheses) for the target factors of later steps."""
+    keys, v, scalars = source
+    rows, heads, src_len, _ = keys.shape
+    lengths = source_lengths(key_padding_mask, rows, src_len, keys.device)  # [B / beam]
+    columns = weight_columns(src_len, ratio)
+    target = torch.arange(columns, device=keys.device, dtype=torch.float64).expand(rows, -1)  # [B / beam, I]
+    # [B / beam, S, R], [B / beam, I, R] (per head: [B / beam, H, S or I, R])
+    factors = free_head_factors(align_factors(source_angles(key_padding_mask, lengths, src_len), order), heads, free)
+    targets = free_head_factors(align_factors(target_angles(target, lengths, ratio), order), heads, free)
+    memory = write_positioned_source(block.rule, block.features(keys, is_query=False), factors,
+                                     position_weight(factors, targets),  # [B / beam, 1 or H, S, I]
+                                     block.values(v, key_padding_mask), *scalars)
+    buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
+    buffer["align_step"], buffer["align_columns"] = 0, columns
+    if memory.size(-1) <= v.size(-1) + 1:  # the memory [B / beam, H, E R, M], not [B / beam, H, S, E + I + M]
+        buffer["align_lengths"] = lengths.repeat_interleave(hypotheses // rows)  # [B]
+
+
 def aligned_step(buffer: dict, block, order: int, ratio: float, q: Tensor, source,
                  key_padding_mask: Optional[Tensor], beam: int, free: int = 0) -> Tensor:
-    """Generation: the aligned source written once, at the first step, from `source` (keys, v [B / beam, H, S, d],
-    scalars), one row per sentence of `beam` hypotheses, and read by queries q [B, H, T, d] at the next T target
-    positions of each hypothesis, the last `free` heads without the prior. The buffer keeps each hypothesis's source
-    length and position ([B], reordered with the hypotheses)."""
-    heads = q.size(1)
+    """Generation: the aligned source written once, at the first step, from `source` (write_aligned_source), and read
+    by queries q [B, H, T, d] at the next T target positions of each hypothesis (fairseq steps them all alike), the
+    last `free` heads without the prior."""
     if buffer.get("memory") is None:
-        keys, v, scalars = source
-        rows, _, src_len, _ = keys.shape
-        lengths = source_lengths(key_padding_mask, rows, src_len, q.device)
-        # [B / beam, S, R] (per head: [B / beam, H, S, R])
-        factors = free_head_factors(align_factors(source_angles(key_padding_mask, lengths, src_len), order), heads,
-                                    free)
-        memory = write_positioned_source(block.rule, block.features(keys, is_query=False), factors,
-                                         block.values(v, key_padding_mask), *scalars)
-        buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
-        buffer["align_lengths"] = lengths.repeat_interleave(q.size(0) // rows)  # [B]
-        buffer["align_position"] = torch.zeros(q.size(0), device=q.device, dtype=torch.float64)  # [B]
-    positions = buffer["align_position"][:, None] + torch.arange(q.size(2), device=q.device)  # [B, T]
-    buffer["align_position"] = buffer["align_position"] + q.size(2)
+        write_aligned_source(buffer, block, order, ratio, source, key_padding_mask, beam, q.size(0), free)
+    first, steps = buffer["align_step"], q.size(2)
+    buffer["align_step"] = first + steps
     phi_q = block.features(q, is_query=True)  # [B, H, T, E]
+    if "align_lengths" not in buffer:  # the short form: the weights of these positions are cached
+        read = partial(read_weighted_source, buffer["align_columns"], first, steps)
+        return block.read_out(read_per_sentence(read, phi_q, buffer["memory"]))
+    positions = torch.arange(first, first + steps, device=q.device, dtype=torch.float64).expand(q.size(0), -1)
     factors = align_factors(target_angles(positions, buffer["align_lengths"], ratio), order)  # [B, T, R]
-    factors = per_head(free_head_factors(factors, heads, free)).expand(-1, heads, -1, -1)  # [B, H, T, R]
-    query = torch.cat([phi_q, factors.to(phi_q.dtype)], dim=-1)  # [B, H, T, E + R]
-    return block.read_out(read_per_sentence(partial(read_positioned_source, factors.size(-1)), query,
-                                            buffer["memory"]))
+    wide = with_positions(phi_q, free_head_factors(factors, q.size(1), free))  # [B, H, T, R E]
+    return block.read_out(read_per_sentence(fast_weight_read, wide, buffer["memory"]))

@@ -50,9 +50,9 @@ def memory_batches(monkeypatch):
         sizes.append(phi_k.shape[0])
         return write_source(rule, phi_k, v, *scalars)
 
-    def counting_positioned_write(rule, phi_k, factors, v, *scalars):
+    def counting_positioned_write(rule, phi_k, factors, weights, v, *scalars):
         sizes.append(phi_k.shape[0])
-        return write_positioned_source(rule, phi_k, factors, v, *scalars)
+        return write_positioned_source(rule, phi_k, factors, weights, v, *scalars)
 
     monkeypatch.setattr(steps, "write_source", counting_write)
     monkeypatch.setattr(cross_align, "write_positioned_source", counting_positioned_write)

@@ -95,7 +95,7 @@ def test_aligned_features_keep_the_norm_and_weigh_by_the_window():
         torch.testing.assert_close(factors @ factors.transpose(-1, -2), window)
 
 
-@pytest.mark.parametrize("ratio,free", [(1.0, 0), (1.5, 0), (1.5, 1)])
+@pytest.mark.parametrize("ratio,free", [(1.0, 0), (1.5, 0), (1.5, 1), (0.7, 0)])
 def test_steps_equal_the_read(inputs, ratio, free):
     q, k, v, mask = (x.detach() for x in inputs)
     block = Block.of(RULES["sum"], feature_map("dpfp", 8, nu=2), "sum")
@@ -107,8 +107,9 @@ def test_steps_equal_the_read(inputs, ratio, free):
     torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-12, atol=1e-12)
 
 
-# the short sources' cached form (keys' features, their factors and writes) and the memory's (source_memory.py:
-# from S (E + R + M) >= E R M, S >= 61-64 here); the sum rule and the delta rule over the source
+# the short sources' cached form (keys' features, the weights of their target positions and writes) and the memory's
+# (source_memory.write_positioned_source: from S (E + I + M) >= E R M, I = S + 1, S >= 42-44 here); the sum rule and
+# the delta rule over the source
 @pytest.mark.parametrize("lengths,cross_rule,free", [([7, 3, 5], "sum", "0"), ([70, 9, 33], "sum", "0"),
                                                      ([7, 3, 5], "delta", "0"), ([70, 9, 33], "delta", "0"),
                                                      ([7, 3, 5], "delta", "1"), ([70, 9, 33], "sum", "1")])

@@ -164,11 +164,11 @@ def test_bf16_autocast_keeps_state_in_fp32_and_finite(feature_map):
         logits, _ = model(src, torch.full((2,), 6), prev)
         model.decoder(prev[:, :1], encoder_out=encoder_out, incremental_state=state)
     assert torch.isfinite(logits).all()
-    # the states (not the memory's hypothesis -> row index, nor the aligned read's source lengths and positions,
-    # float64 counts of tokens, nor the decoder convolution's last values, FAVOR+'s default, kept as the projection
-    # gives them: a window of inputs, not a sum over the steps)
+    # the states (not the memory's hypothesis -> row index, nor the aligned read's counts of steps and weight columns
+    # or its float64 source lengths, nor the decoder convolution's last values, FAVOR+'s default, kept as the
+    # projection gives them: a window of inputs, not a sum over the steps)
     cached = [v for buf in state.values() for key, v in buf.items()
-              if v.is_floating_point() and not key.startswith("align_") and key != "conv_tail"]
+              if torch.is_tensor(v) and v.is_floating_point() and not key.startswith("align_") and key != "conv_tail"]
     assert cached and all(v.dtype == torch.float32 for v in cached)
 
 

@@ -39,7 +39,7 @@ def copy_of(incremental_state):
     """A decoding state to step from, leaving `incremental_state` as it is: a generation step writes
     into its buffer's tensors (the lazy cache's storage, the state in place), so the copy clones them.
     Called inside the captured step, the clones are part of the graph: every replay starts afresh."""
-    return {key: {name: None if x is None else x.clone() for name, x in buffer.items()}
+    return {key: {name: x.clone() if torch.is_tensor(x) else x for name, x in buffer.items()}
             for key, buffer in incremental_state.items()}
 
 
