@@ -151,8 +151,9 @@ FLAGS = (
     Flag("--fw-cross-align", "cross_align", "the cross-attention weighs each source position by cos^(2P) of half "
          "its angle to the target position's (angles pi*position/source length, the target's position over "
          "--fw-align-ratio; beyond the paper): 0 (off, the paper) or P >= 1, narrower as P grows. A fast-weight "
-         "cross-attention multiplies its scores by it (decoding keeps a memory (2P+1) times wider; the sum rule's "
-         "fused GPU read takes it, the CPU kernels do not), a softmax one adds its log to its logits",
+         "cross-attention multiplies its scores by it (decoding keeps a short source's weights or a memory (2P+1) "
+         "times wider; the sum rule's fused GPU read takes it, the CPU kernels do not), a softmax one adds its log "
+         "to its logits",
          dict(type=int_at_least("--fw-cross-align", 0), metavar="P"), before=0, recorded=lambda blocks: True,
          unrecorded="0"),
     Flag("--fw-align-ratio", "align_ratio", "the length ratio r of --fw-cross-align: target position i aims at "

@@ -52,11 +52,10 @@ def shapes(checkpoint) -> dict:
     phi = feature_map(config.feature_map, d, nu=config.dpfp_nu, m=config.favor_features)
     M = d + RULES[config.rule("decoder")].z_column  # the sum rule's z column
     fw_cross = config.uses("cross")
-    # the aligned read of the source keeps features (2P + 1) times wider (modules/cross_align.py)
-    widen = 2 * config.cross_align + 1 if fw_cross else 1
-    return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim,
-            "E_cross": phi.out_dim * widen, "C": key_cache(phi).width, "M": M, "fw_decoder": config.uses("decoder"),
-            "fw_cross": fw_cross}
+    # the aligned read of the source: 2P + 1 positional factors (modules/cross_align.py)
+    rank = 2 * config.cross_align + 1 if fw_cross else 1
+    return {"layers": cfg.decoder_layers, "heads": heads, "d": d, "params": params, "E": phi.out_dim, "R": rank,
+            "C": key_cache(phi).width, "M": M, "fw_decoder": config.uses("decoder"), "fw_cross": fw_cross}
 
 
 def self_attention_values(s: dict, t: int) -> int:
@@ -67,12 +66,21 @@ def self_attention_values(s: dict, t: int) -> int:
     return (t + 1) * (C + M) if t * (C + M) <= E * M else 2 * E * M
 
 
+def cross_values(s: dict, source_length: int) -> int:
+    """Values one head of one sentence reads from its cached source at a step (decoding/source_memory.py): the keys'
+    features and writes of a short source, else the memory; the aligned read's short form one weight a position
+    beside them (I = S + 1 weight columns at --fw-align-ratio 1), its memory R times wider."""
+    E, M, R, S = s["E"], s["M"], s.get("R", 1), source_length
+    if R == 1:
+        return min(S * (E + M), E * M)
+    return S * (E + 1 + M) if S * (E + S + 1 + M) < E * R * M else E * R * M
+
+
 def bytes_per_token(s: dict, length: int, sentences: int, beam: int, source_length: int) -> float:
     """Mean bytes moved per generated token (one step of one sentence) over `length` steps."""
     per_layer_head = 0
     for t in range(1, length + 1):
-        E = s.get("E_cross", s["E"])  # results written before the aligned read have no E_cross
-        cross = (sentences * min(source_length * (E + s["M"]), E * s["M"]) if s["fw_cross"]
+        cross = (sentences * cross_values(s, source_length) if s["fw_cross"]
                  else sentences * beam * source_length * 2 * s["d"])
         per_layer_head += sentences * beam * self_attention_values(s, t) + cross
     attention = per_layer_head * s["layers"] * s["heads"] / length
