@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fw_research.demo import compare_attention, compare_report
-from fw_research.experiments import attention_runs
+from fw_research.experiments import attention_runs, valid_scores
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,6 +61,16 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     (work / "generate.run.valid.lp0.6.txt").unlink()
     assert attention_runs.tune_lenpen(work, "run", [0.6, 2.0])["tuned"] == tuned  # kept: nothing translated again
     assert not (work / "generate.run.valid.lp0.6.txt").exists()
+
+    # the validation splits the work directory has (valid here, no valid_long): BLEU of the real translation, kept
+    scored = valid_scores.score_valid(work, "run")["valid_bleu"]
+    hypotheses = [line.split("\t")[2] for line in (work / "generate.run.valid.txt").read_text().splitlines()
+                  if line.startswith("D-")]
+    assert list(scored) == ["valid"] and len(hypotheses) == 30
+    assert scored["valid"] == tuned["valid_bleu"]["0.6"]  # the same split, checkpoint and --lenpen
+    (work / "generate.run.valid.txt").unlink()
+    assert valid_scores.score_valid(work, "run")["valid_bleu"] == scored
+    assert not (work / "generate.run.valid.txt").exists()
 
 
 def _check_the_length_limit(work):

@@ -12,6 +12,8 @@ length, and the number cut at generation's length limit and how many of those lo
 
     python -m fw_research.demo.compare_attention [--updates 600] [--seeds 1] [--configs NAME ...] [--jobs 2]
     python -m fw_research.demo.compare_attention --report-only   # table and plot again from the stored results
+    python -m fw_research.demo.compare_attention --score-valid   # also BLEU on valid and valid_long, and the
+                                                                 # configuration they choose
     python -m fw_research.demo.compare_attention --train-joined  # train on the training split plus its pairs
                                                                  # joined into messages of 20-60 words (same
                                                                  # dictionary and test splits)
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 
 from fw_research.demo import compare_report
-from fw_research.experiments import attention_runs, catalog_corpus
+from fw_research.experiments import attention_runs, catalog_corpus, valid_scores
 from fw_research.experiments.attention_configs import CONFIGS, PRESETS, config_flags, model_flags
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,6 +65,9 @@ def parse_args(argv=None):
                         help="train on the training split plus its pairs joined into messages of 20-60 words "
                              "(catalog_corpus.make_joined_train; the same dictionary and test splits), results "
                              "as {preset}_joined_u{updates}")
+    parser.add_argument("--score-valid", action="store_true",
+                        help="also translate the validation splits (valid, valid_long) and report the fast-weight "
+                             "configuration they choose (fw_research.experiments.valid_scores)")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the table and plot from the stored results, train nothing")
     args = parser.parse_args(argv)
@@ -105,6 +110,8 @@ def main(argv=None):
                                                 threads=threads if args.jobs > 1 else None)
         # records stored before the lengths were measured gain them (the long split translated from the checkpoint)
         record = attention_runs.measure_lengths(work, name, threads if args.jobs > 1 else None)
+        if args.score_valid:
+            record = valid_scores.score_valid(work, name, threads if args.jobs > 1 else None)
         if not args.lenpen_grid:
             return record
         return attention_runs.tune_lenpen(work, name, args.lenpen_grid, threads if args.jobs > 1 else None)

@@ -7,6 +7,7 @@ file (same preset and updates). Used by fw_research.demo.compare_attention, also
 import statistics
 from pathlib import Path
 
+from fw_research.experiments import valid_scores
 from fw_research.experiments.reports import mean as _mean, plt
 
 
@@ -118,6 +119,7 @@ def table(results):
     lines += by_seed(rows, seeds)
     lines += lengths(rows, seeds)
     lines += by_source_length(rows)
+    lines += valid_scores.selection(results)
     lines.append(f"\nSeconds per update are wall time of training updates in this run "
                  f"({' or '.join(map(str, job_counts(results['jobs'])))} "
                  "at once): rows trained at different times on a shared machine do not compare.")
