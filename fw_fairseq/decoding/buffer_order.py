@@ -60,8 +60,9 @@ def settle(buffer: dict):
 def reorder_buffer(buffer: dict, new_order: Tensor):
     """Beam search's reorder (and pruning) of a FastWeightAttention's buffer, in place: its rows `new_order` [B'] of
     every cached tensor (batch is dim 0 of each; integers, counts that all hypotheses share, stay). The decoder
-    state's is left to the next step in generation (ORDER); the cached source (memory or keys and writes, source_memory.py) keeps one row per group
-    of hypotheses that read the same row (a sentence's beams), copied only when such groups leave or split."""
+    state's is left to the next step in generation (ORDER); the cached source (memory or keys and writes,
+    source_memory.py) keeps one row per group of hypotheses that read the same row (a sentence's beams), copied only
+    when such groups leave or split."""
     # fairseq reorders at every step, also when nothing moved (beam 1 while no sentence has
     # finished): the identity must not copy every cache and state
     spares = {spare_name(name) for name in ENTRIES}

@@ -15,9 +15,9 @@ factors to the rule's read (UpdateRule.attend's positions): its short order weig
 the wide phi', and the fused GPU read (the rule's fused_aligned) forms w on chip from the angles. Generation caches,
 for a short source, w of every target position it tells apart beside its keys, else the memory of phi'
 (source_memory.py). A target position past the source's length aligns with its last token (the end-of-sentence
-marker). A softmax cross-attention adds log w to its
-logits instead (aligned_softmax.py). With --fw-align-free-heads F the last F heads read without the prior: their
-factors are (1, 0, ..., 0), so w = 1 for them and the read of every head keeps one width.
+marker). A softmax cross-attention adds log w to its logits instead (aligned_softmax.py). With --fw-align-free-heads
+F the last F heads read without the prior: their factors are (1, 0, ..., 0), so w = 1 for them and the read of every
+head keeps one width.
 """
 import math
 from functools import partial
