@@ -51,17 +51,24 @@ def read_source(phi_q: Tensor, source: Tensor) -> Tensor:
     return (phi_q.to(dtype) @ phi_k.transpose(-1, -2)) @ u  # [R, H, T, S] @ [R, H, S, M]
 
 
-def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, weights: Tensor, v: Tensor,
+def positioned_fits(rule, length: int, d_phi: int, columns: int, rank: int, width: int) -> bool:
+    """Whether a read whose kernel carries the positions caches a short source of `length` positions as phi(k), the
+    weights of `columns` target positions and the rule's effective writes, [S, E + I + M] a head, which then holds
+    fewer values than the memory of the `rank` times wider features [E R, M]."""
+    return rule.writes is not None and length * (d_phi + columns + width) < d_phi * rank * width
+
+
+def write_positioned_source(rule, phi_k: Tensor, factors: Tensor, weights: Optional[Tensor], v: Tensor,
                             *scalars: Tensor) -> Tensor:
     """The cached source of a read whose kernel carries the positions (ops/common/positions.py; the keys' factors h
-    [B, S, R], or per head [B, H, S, R]): [B, H, S, E + I + M], phi(k), `weights` [B, 1 or H, S, I] (w[j, i] =
-    g(i) . h(j) for the I target positions a step may read as, read_weighted_source) and the rule's effective
-    writes side by side, when that holds fewer values than the memory of the R times wider features
-    [B, H, E R, M], which it is otherwise. A step then reads S (E + 1 + M) values instead of the memory's E R M
-    and never forms g(i) or the wide features."""
-    (bsz, heads, length, d_phi), width, rank = phi_k.shape, v.size(-1), factors.size(-1)
+    [B, S, R], or per head [B, H, S, R]): where the source is short (positioned_fits), [B, H, S, E + I + M], phi(k),
+    `weights` [B, 1 or H, S, I] (w[j, i] = g(i) . h(j) for the I target positions a step may read as,
+    read_weighted_source) and the rule's effective writes side by side; else (weights None) the memory of the R times
+    wider features [B, H, E R, M]. A step then reads S (E + 1 + M) values instead of the memory's E R M and never
+    forms g(i) or the wide features."""
+    (bsz, heads, length, d_phi) = phi_k.shape
     wide = with_positions(phi_k, factors)  # [B, H, S, R E]
-    if rule.writes is None or length * (d_phi + weights.size(-1) + width) >= d_phi * rank * width:
+    if weights is None:
         return rule.write(wide, v, *scalars)
     u = rule.writes(wide if rule.key_reads else phi_k, v, *scalars)  # [B, H, S, M]
     return torch.cat([phi_k, weights.expand(bsz, heads, length, -1).to(phi_k.dtype), u], dim=-1)

@@ -26,8 +26,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fw_fairseq.decoding.source_memory import (hypothesis_rows, read_per_sentence, read_weighted_source,
-                                                write_positioned_source)
+from fw_fairseq.decoding.source_memory import (hypothesis_rows, positioned_fits, read_per_sentence,
+                                                read_weighted_source, write_positioned_source)
 from fw_fairseq.ops import fast_weight_read
 from fw_fairseq.ops.common.positions import position_weight, with_positions
 from fw_fairseq.ops.fused_read.dispatch import fused_aligned_read_for
@@ -120,17 +120,20 @@ def write_aligned_source(buffer: dict, block, order: int, ratio: float, source, 
     keys, v, scalars = source
     rows, heads, src_len, _ = keys.shape
     lengths = source_lengths(key_padding_mask, rows, src_len, keys.device)  # [B / beam]
-    columns = weight_columns(src_len, ratio)
-    target = torch.arange(columns, device=keys.device, dtype=torch.float64).expand(rows, -1)  # [B / beam, I]
-    # [B / beam, S, R], [B / beam, I, R] (per head: [B / beam, H, S or I, R])
+    # [B / beam, S, R] (per head: [B / beam, H, S, R])
     factors = free_head_factors(align_factors(source_angles(key_padding_mask, lengths, src_len), order), heads, free)
-    targets = free_head_factors(align_factors(target_angles(target, lengths, ratio), order), heads, free)
-    memory = write_positioned_source(block.rule, block.features(keys, is_query=False), factors,
-                                     position_weight(factors, targets),  # [B / beam, 1 or H, S, I]
-                                     block.values(v, key_padding_mask), *scalars)
+    phi_k, values = block.features(keys, is_query=False), block.values(v, key_padding_mask)
+    columns = weight_columns(src_len, ratio)
+    weights = None  # the memory: no target position's weights are formed
+    if positioned_fits(block.rule, src_len, phi_k.size(-1), columns, factors.size(-1), values.size(-1)):
+        target = torch.arange(columns, device=keys.device, dtype=torch.float64).expand(rows, -1)  # [B / beam, I]
+        # [B / beam, I, R] (per head: [B / beam, H, I, R])
+        targets = free_head_factors(align_factors(target_angles(target, lengths, ratio), order), heads, free)
+        weights = position_weight(factors, targets)  # [B / beam, 1 or H, S, I]
+    memory = write_positioned_source(block.rule, phi_k, factors, weights, values, *scalars)
     buffer["memory"], buffer["memory_rows"] = memory, hypothesis_rows(memory, beam)
     buffer["align_step"], buffer["align_columns"] = 0, columns
-    if memory.size(-1) <= v.size(-1) + 1:  # the memory [B / beam, H, E R, M], not [B / beam, H, S, E + I + M]
+    if weights is None:  # the memory [B / beam, H, E R, M]: later steps form the targets' factors
         buffer["align_lengths"] = lengths.repeat_interleave(hypotheses // rows)  # [B]
 
 
