@@ -71,6 +71,11 @@ def test_a_run_trains_exactly_its_updates_scores_and_is_reused(data_bin, tmp_pat
     (work / "generate.run.valid.txt").unlink()
     assert valid_scores.score_valid(work, "run")["valid_bleu"] == scored
     assert not (work / "generate.run.valid.txt").exists()
+    # a new grid takes its --lenpen 0.6 point from that score and translates only the other points
+    regrid = attention_runs.tune_lenpen(work, "run", [0.6, 1.0])["tuned"]
+    assert regrid["valid_bleu"]["0.6"] == scored["valid"]
+    assert not (work / "generate.run.valid.lp0.6.txt").exists()
+    assert (work / "generate.run.valid.lp1.0.txt").is_file()
 
 
 def _check_the_length_limit(work):

@@ -266,8 +266,11 @@ def tune_lenpen(work, name, grid, threads=None):
     checkpoint = work / "checkpoints" / name / "checkpoint_last.pt"
     if not checkpoint.is_file():
         sys.exit(f"{checkpoint} is missing: --lenpen-grid needs each run's checkpoint in --work-dir")
-    valid = {lenpen: score(translate(work / "data-bin", checkpoint, work / f"generate.{name}.valid.lp{lenpen}.txt",
-                                     "valid", lenpen, threads), references["valid"])["bleu"] for lenpen in grid}
+    # --score-valid's BLEU on valid was taken at LENPEN: that point of the grid is not translated again
+    known = {LENPEN: record["valid_bleu"]["valid"]} if "valid" in record.get("valid_bleu", {}) else {}
+    valid = {lenpen: known[lenpen] if lenpen in known else score(translate(
+        work / "data-bin", checkpoint, work / f"generate.{name}.valid.lp{lenpen}.txt", "valid", lenpen, threads),
+        references["valid"])["bleu"] for lenpen in grid}
     best = max(grid, key=lambda lenpen: (valid[lenpen], -grid.index(lenpen)))
     hypotheses = record["hypotheses"] if best == LENPEN else translate(
         work / "data-bin", checkpoint, work / f"generate.{name}.lp{best}.txt", "test", best, threads)
