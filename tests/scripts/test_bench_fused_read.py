@@ -84,16 +84,23 @@ def test_the_rounds_interleave_every_configuration():
 def test_the_configurations_are_the_shipped_ones_and_table_1s():
     assert bench_fairseq_gpu.SHIPPED["dpfp2_sum"] == config_flags("demo", "dpfp2-sum-vconv3")
     assert bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec"] == config_flags("demo", "dpfp2-delta-dec-vconv3")
-    aligned = config_flags("demo", "dpfp2-delta-dec-align4-vconv3")
-    assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4"] == aligned
-    assert bench_fairseq_gpu.config_flags() == ["--fw-preset", "paper", "--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
+    aligned = config_flags("demo", "dpfp2-delta-dec-align4-ul2-vconv3")  # with its criterion
+    assert bench_fairseq_gpu.configs()["dpfp2_delta_dec_align4_ul2"] == aligned
+    configs = bench_fairseq_gpu.configs()
+    assert configs["table1_dpfp_nu2"] == ["--fw-preset", "paper", "--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
+    # a row's criterion comes with it, and every row's config file is a configuration (Standard is softmax)
+    assert configs["table1_dpfp_nu2_delta_align4"][-4:] == ["--criterion", "fw_unlikelihood", "--unlikelihood-alpha",
+                                                            "2"]
+    rows = {p.stem for p in (REPO / "configs/wmt14_en_de").glob("*.sh")} - {"common", "standard"}
+    assert {name for name in configs if name.startswith("table1_") and not name.endswith("_unfused")} == {
+        f"table1_{row}" for row in rows}
 
 
 def test_an_unfused_configuration_is_its_twin_with_the_fused_read_switched_off_in_the_runner():
     configs = bench_fairseq_gpu.configs()
     unfused = [name for name in configs if name.endswith(bench_fairseq_gpu.UNFUSED)]
-    assert sorted(unfused) == ["dpfp2_delta_dec_align4_unfused", "dpfp2_delta_dec_unfused", "dpfp2_sum_unfused",
-                              "table1_dpfp2_unfused"]
+    assert sorted(unfused) == ["dpfp2_delta_dec_align4_ul2_unfused", "dpfp2_delta_dec_unfused", "dpfp2_sum_unfused",
+                              "table1_dpfp_nu2_unfused"]
     for name in unfused:
         assert configs[name] == configs[name.removesuffix(bench_fairseq_gpu.UNFUSED)]
         assert bench_fairseq_gpu.runner_env(name)["FW_NO_FUSED_READ"] == "1"

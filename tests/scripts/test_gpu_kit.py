@@ -171,9 +171,9 @@ def test_the_summary_renders_a_recorded_run(tmp_path):
     # the fairseq targets (bench_fairseq.json, a CPU smoke run): steady-state words/s and peak memory
     for name, floor in gpu_summary.FAIRSEQ_FLOORS:
         assert f"transformer_fw_small {name} --fp16: steady-state train words/s >= {floor:.2f}x softmax" in rows
-    assert "no runs | no data |" in rows["transformer_fw_small --fp16: train peak memory <= softmax's (dpfp2_sum, "
-                                         "table1_dpfp2, dpfp2_delta_dec)"]  # no CUDA memory on a CPU
-    assert "| softmax | " in text and "generate N=4" in text and "| table1_dpfp2 | " in text
+    assert "no runs | no data |" in rows["transformer_fw_small --fp16: train peak memory <= softmax's "
+                                         "(dpfp2_delta_dec_align4_ul2, table1_dpfp_nu2, dpfp2_sum, dpfp2_delta_dec)"]
+    assert "| softmax | " in text and "generate N=4" in text and "| table1_dpfp_nu2 | " in text
     assert "top 5 operators by self CPU time" in text
 
 
@@ -195,14 +195,16 @@ def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     out = tmp_path / "bench_fairseq.json"
     proc = subprocess.run([sys.executable, "-m", "fw_research.benchmarks.bench_fairseq_gpu", "--out", str(out),
                            "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
-                           "table1_dpfp2", "--updates", "6", "--log-interval", "1", "--lengths", "4",
-                           "--sentences", "2", "--max-tokens", "512", "--profile-update", "1", "--rounds", "1",
+                           "table1_dpfp_nu2", "dpfp2_delta_dec_align4_ul2", "--updates", "6", "--log-interval", "1",
+                           "--lengths", "4", "--sentences", "2", "--max-tokens", "512", "--profile-update", "1", "--rounds", "1",
                            "--profile-window", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
+    # the defaults' row trained with its own criterion: fw_unlikelihood's --unlikelihood-alpha parses only with it
     assert result["not_run"] == [] and "epochs >= 2" in result["steady_state_rule"]
-    fw = result["configs"]["table1_dpfp2"]
+    assert result["configs"]["dpfp2_delta_dec_align4_ul2"]["train"]["wps_median"] > 0
+    fw = result["configs"]["table1_dpfp_nu2"]
     assert fw["flags"] == "--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 2"
     (run,) = fw["runs"]
     assert run["round"] == 0 and run["epochs"] == 2 and run["first_epoch_updates"] == 3 and run["intervals_used"] == 2

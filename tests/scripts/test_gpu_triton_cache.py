@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 KEYS = REPO / "tests" / "scripts" / "fixtures" / "triton_launch_keys.py"
 # the benchmark's fast-weight configurations, one of each set of blocks: the sum rule throughout (the encoder's, the
 # decoder's causal and the cross-attention's reads), the delta rule in the decoder with the aligned cross-attention
-CONFIGS = ["dpfp2_sum", "dpfp2_delta_dec_align4"]
+CONFIGS = ["dpfp2_sum", "dpfp2_delta_dec_align4_ul2"]
 # (source lengths, target lengths) of a batch: block lengths 16, 32 and 64 (launch.block_t), lengths that are and are
 # not multiples of 16, sources longer and shorter than their targets, with and without padding
 BATCHES = [("15,10", "16,12"), ("23,23", "23,20"), ("40,40", "51,51"), ("64,50", "64,64")]

@@ -6,6 +6,7 @@ then each row's best checkpoint scored on valid and test and the table rendered,
 fairseq-generate and sacrebleu. Re-running the same command trains and scores nothing again. The other rows differ
 from these only in their flags: the dry run below prints every row's commands, test_configs.py builds every row's
 model from its flags, and test_train_eval.py trains a FAVOR+ row through train.sh."""
+import json
 import shlex
 import subprocess
 
@@ -55,3 +56,26 @@ def test_a_gpu_count_that_cannot_keep_the_batch_is_refused():
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].endswith(
         "--gpus-per-row 5 cannot keep the paper's 48 batches per update; allowed: 1, 2, 3, 4, 6, 8, 12, 16, 24, 48")
+
+
+def test_the_dry_run_prices_a_row_from_the_newest_measurement_of_its_own_flags(tmp_path):
+    from fw_research.benchmarks.bench_fairseq_gpu import TABLE1, config_flags
+    from fw_research.wmt14 import table1_cost
+
+    def bench(folder, configs):
+        path = tmp_path / folder / "run" / "bench_fairseq.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"device": folder.split("_")[1], "configs": {
+            name: {"flags": flags, "train": {"wps_median": rate}} for name, (flags, rate) in configs.items()}}))
+
+    own = " ".join(config_flags(TABLE1["table1_dpfp_nu2"]))
+    bench("gpu_h100_2026-12-01", {"dpfp2_sum": ("older flags", 40000.0), "table1_dpfp_nu2": (own, 30000.0)})
+    bench("gpu_h200_2026-12-03", {"dpfp2_sum": ("older flags", 50000.0), "softmax": ("--fw-attention none", 60000.0)})
+    found = table1_cost.measurements(tmp_path)
+    assert [m[0] for m in found] == ["gpu_h200_2026-12-03"] * 2 + ["gpu_h100_2026-12-01"] * 2
+    # its own flags, though older than its stand-in's newest run; a row never measured takes its stand-in's newest
+    assert table1_cost.row_rate("dpfp_nu2", found) == (30000.0, "table1_dpfp_nu2", "", "gpu_h100_2026-12-01", "h100")
+    assert table1_cost.row_rate("linear", found)[:2] == (50000.0, "dpfp2_sum")
+    assert "stand-in" in table1_cost.row_rate("linear", found)[2]
+    assert table1_cost.row_rate("standard", found) == (60000.0, "softmax", "", "gpu_h200_2026-12-03", "h200")
+    assert table1_cost.row_rate("dpfp_nu2_delta", found) is None  # neither its flags nor its stand-in measured

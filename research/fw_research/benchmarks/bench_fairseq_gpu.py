@@ -5,9 +5,11 @@
 
 Configurations (CONFIGS): softmax (--fw-attention none); dpfp2_sum (DPFP-2, the sum rule in every block, the
 plain read of the source, encoder convolution 3); dpfp2_delta_dec (the same with the delta rule in the decoder's
-self-attention, sum-normalised phi); table1_dpfp2, Table 1's DPFP-2 row, with the fast-weight flags its config file
-(configs/wmt14_en_de/dpfp_nu2.sh) passes to scripts/wmt14/train.sh; dpfp2_delta_dec_align4, the translation models'
-defaults (dpfp2_delta_dec with the aligned cross-attention, --fw-cross-align 4). On request (--configs),
+self-attention, sum-normalised phi); dpfp2_delta_dec_align4_ul2, the translation models' defaults as a user trains
+them (dpfp2_delta_dec with the aligned cross-attention, --fw-cross-align 4, and their criterion, fw_unlikelihood at
+alpha 2); table1_ROW, the row configs/wmt14_en_de/ROW.sh of Table 1 with the fast-weight and criterion flags that
+file passes to scripts/wmt14/train.sh (table1_dpfp_nu2, the paper's DPFP-2 row, runs by default; the others on
+request, so that table1.sh --dry-run prices each row from its own measurement). On request (--configs),
 NAME_unfused: a fast-weight configuration with the fused read switched off in the runner (FW_NO_FUSED_READ), so
 that every block takes the path the fused read replaces; beside NAME it gives the fused read's end-to-end effect.
 Every configuration gets the same data, seed, batches and training flags besides those.
@@ -45,7 +47,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[3]
 RUNNER = [sys.executable, "-m", "fw_research.benchmarks.fairseq_run"]
-TABLE1_CONFIG = REPO / "configs" / "wmt14_en_de" / "dpfp_nu2.sh"
+TABLE1_DIR = REPO / "configs" / "wmt14_en_de"
+# Table 1's rows: a config file each, beside the recipe they share (common.sh); its Standard row is softmax
+TABLE1 = {f"table1_{path.stem}": path for path in sorted(TABLE1_DIR.glob("*.sh"))
+          if path.stem not in ("common", "standard")}
 DPFP2 = ["--fw-feature-map", "dpfp", "--fw-dpfp-nu", "2"]
 # fw_research.demo.compare_attention's rows dpfp2-sum-vconv3 (the sum rule) and dpfp2-delta-dec-vconv3 (the delta
 # rule in the decoder, sum-normalised phi), both reading the source plainly, and the defaults' row below;
@@ -55,13 +60,15 @@ SHIPPED = {"softmax": ["--fw-attention", "none"],
                          "--fw-cross-align", "0"],
            "dpfp2_delta_dec": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta", "--fw-delta-norm",
                                "sum", "--fw-encoder-conv", "3", "--fw-cross-align", "0"],
-           # the translation models' defaults, compare_attention's dpfp2-delta-dec-align4-vconv3: the delta
-           # configuration with the aligned cross-attention, which takes the fused read's aligned form
-           "dpfp2_delta_dec_align4": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
-                                      "--fw-delta-norm", "sum", "--fw-cross-align", "4", "--fw-encoder-conv", "3"]}
-DEFAULT_NAMES = [*SHIPPED, "table1_dpfp2"]
+           # the translation models' defaults with their criterion, compare_attention's
+           # dpfp2-delta-dec-align4-ul2-vconv3: the delta configuration with the aligned cross-attention, which takes
+           # the fused read's aligned form, trained with fw_unlikelihood as the README's first command does
+           "dpfp2_delta_dec_align4_ul2": [*DPFP2, "--fw-update-rule", "sum", "--fw-decoder-rule", "delta",
+                                          "--fw-delta-norm", "sum", "--fw-cross-align", "4", "--fw-encoder-conv", "3",
+                                          "--criterion", "fw_unlikelihood", "--unlikelihood-alpha", "2"]}
+DEFAULT_NAMES = [*SHIPPED, "table1_dpfp_nu2"]
 UNFUSED = "_unfused"  # a name's suffix: the runner switches the fused read off (fairseq_run.py)
-NAMES = [*DEFAULT_NAMES, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax")]
+NAMES = [*SHIPPED, *TABLE1, *(name + UNFUSED for name in DEFAULT_NAMES if name != "softmax")]
 MEAN_TOKENS = 31  # a generated sentence: 10..50 words (mean 30) and </s>
 STEADY_RULE = ("median of fairseq's train_inner wps over the intervals logged in epochs >= 2, less each epoch's "
                "first interval (it spans the epoch boundary)")
@@ -69,16 +76,18 @@ GENERATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([
                        r"\([0-9.]+ sentences/s, ([0-9.]+) tokens/s\)")
 
 
-def config_flags(config=TABLE1_CONFIG):
-    """The FW_ARGS a Table 1 config file gives scripts/wmt14/train.sh, read by bash as train.sh sources it."""
-    script = 'source "$1"; FW_ARGS=(); source "$2"; printf "%s\\0" "${FW_ARGS[@]}"'
+def config_flags(config):
+    """The FW_ARGS and CRITERION_ARGS a Table 1 config file gives scripts/wmt14/train.sh, read by bash as train.sh
+    sources it."""
+    script = ('source "$1"; FW_ARGS=(); CRITERION_ARGS=(); source "$2"; '
+              'printf "%s\\0" "${FW_ARGS[@]}" "${CRITERION_ARGS[@]}"')
     out = subprocess.run(["bash", "-c", script, "config_flags", str(config.parent / "common.sh"), str(config)],
                          capture_output=True, text=True, check=True).stdout
     return out.split("\0")[:-1]
 
 
 def configs():
-    flags = {**SHIPPED, "table1_dpfp2": config_flags()}
+    flags = {**SHIPPED, **{name: config_flags(path) for name, path in TABLE1.items()}}
     return {name: flags[name.removesuffix(UNFUSED)] for name in NAMES}
 
 
@@ -145,14 +154,16 @@ def train(work, name, flags, rnd, args, on_gpu):
     env = runner_env(name, **profiling)
     start = time.monotonic()
     out, record = fairseq(
-        work, "train", work / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", args.arch, *flags,
+        work, "train", work / "bin", "--user-dir", REPO / "fw_fairseq", "--arch", args.arch,
         "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100", "--criterion", "label_smoothed_cross_entropy",
         "--label-smoothing", "0.1", "--dropout", "0.3", "--max-tokens", args.max_tokens, "--max-update", args.updates,
         "--required-batch-size-multiple", "1", "--log-format", "json", "--log-interval", args.log_interval,
         # a checkpoint only when training stops (for generation), none at the epochs' ends inside the measurement
         "--disable-validation", "--no-epoch-checkpoints", "--save-interval", "100000", "--no-save-optimizer-state",
-        "--save-dir", save, "--seed", "1", *(["--fp16"] if on_gpu else ["--cpu"]), env=env)
+        "--save-dir", save, "--seed", "1", *(["--fp16"] if on_gpu else ["--cpu"]),
+        # last: a configuration's --criterion replaces the shared one (argparse keeps an option's last value)
+        *flags, env=env)
     records = json_logs(out)
     wps, used = steady_state(records)
     summaries = [r for r in records if "train_wps" in r]  # one line per finished epoch

@@ -61,9 +61,11 @@ def ops_targets(bench):
     return rows
 
 
-# (configuration, its floor of steady-state train words/s over softmax's): the DPFP-2 sum rule and Table 1's DPFP-2
-# row at least as fast as softmax, the delta rule in the decoder (dpfp2_delta_dec) within 5%
-FAIRSEQ_FLOORS = (("dpfp2_sum", 1.0), ("table1_dpfp2", 1.0), ("dpfp2_delta_dec", 0.95))
+# (configuration, its floor of steady-state train words/s over softmax's): the translation defaults with their
+# criterion, Table 1's DPFP-2 row and the DPFP-2 sum rule at least as fast as softmax, the delta rule in the decoder
+# with the plain read of the source (dpfp2_delta_dec) within 5%
+FAIRSEQ_FLOORS = (("dpfp2_delta_dec_align4_ul2", 1.0), ("table1_dpfp_nu2", 1.0), ("dpfp2_sum", 1.0),
+                  ("dpfp2_delta_dec", 0.95))
 
 
 def fairseq_targets(bench):
