@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import add_member
 
+from fw_research.benchmarks import bench_fairseq_gpu
 from fw_research.gpu_node import gpu_check as check_script
 from fw_research.gpu_node import gpu_kit, gpu_prebuilt, gpu_summary
 
@@ -195,17 +196,17 @@ def test_the_fairseq_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     out = tmp_path / "bench_fairseq.json"
     proc = subprocess.run([sys.executable, "-m", "fw_research.benchmarks.bench_fairseq_gpu", "--out", str(out),
                            "--work", str(tmp_path / "work"), "--arch", "transformer_fw_small", "--configs", "softmax",
-                           "table1_dpfp_nu2", "dpfp2_delta_dec_align4_ul2", "--updates", "6", "--log-interval", "1",
+                           "dpfp2_delta_dec_align4_ul2", "--updates", "6", "--log-interval", "1",
                            "--lengths", "4", "--sentences", "2", "--max-tokens", "512", "--profile-update", "1", "--rounds", "1",
                            "--profile-window", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    # the defaults' row trained with its own criterion: fw_unlikelihood's --unlikelihood-alpha parses only with it
     assert result["not_run"] == [] and "epochs >= 2" in result["steady_state_rule"]
-    assert result["configs"]["dpfp2_delta_dec_align4_ul2"]["train"]["wps_median"] > 0
-    fw = result["configs"]["table1_dpfp_nu2"]
-    assert fw["flags"] == "--fw-preset paper --fw-feature-map dpfp --fw-dpfp-nu 2"
+    # the translation defaults trained with their own criterion: --unlikelihood-alpha parses only with it
+    fw = result["configs"]["dpfp2_delta_dec_align4_ul2"]
+    assert fw["flags"] == " ".join(bench_fairseq_gpu.SHIPPED["dpfp2_delta_dec_align4_ul2"])
+    assert fw["flags"].endswith("--criterion fw_unlikelihood --unlikelihood-alpha 2")
     (run,) = fw["runs"]
     assert run["round"] == 0 and run["epochs"] == 2 and run["first_epoch_updates"] == 3 and run["intervals_used"] == 2
     assert fw["train"]["updates"] == 6 and fw["train"]["wps_median"] == run["wps_steady"] > 0
